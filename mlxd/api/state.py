@@ -1,0 +1,62 @@
+"""What the HTTP side holds: the engine, the current settings, the lifecycle flags."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from litestar.datastructures import State
+from litestar.di import NamedDependency
+
+from mlxd.config import Settings
+
+if TYPE_CHECKING:
+    from mlxd.engine.engine import Engine
+    from mlxd.engine.messages import Accepted, Failed, Finished
+
+# Called once per request that the engine accepted, when it ends.
+Observer = Callable[["Accepted", "Finished | Failed"], None]
+
+
+class AppState:
+    """Shared by every handler; ``settings`` is swapped whole on reload, never mutated.
+
+    A plain class on purpose: Litestar would try to validate a dataclass
+    dependency field by field.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        *,
+        config_path: Path | None = None,
+        overrides: dict[str, Any] | None = None,
+        fault_injection: bool = False,
+    ):
+        self.engine = engine
+        self.settings = settings
+        self.config_path = config_path
+        self.overrides = overrides or {}
+        self.fault_injection = fault_injection
+        self.shutting_down = False
+        self.started_at = time.time()
+        self.observers: list[Observer] = []
+        # SIGHUP, /admin/reload and the editor never reload at the same time.
+        self.reload_lock = asyncio.Lock()
+
+    def observe(self, accepted: Accepted, outcome: Finished | Failed) -> None:
+        """Tell observers (e.g. /metrics histograms) how an accepted request ended."""
+        for observer in self.observers:
+            observer(accepted, outcome)
+
+
+def provide_app_state(state: State) -> AppState:
+    return state.mlxd
+
+
+# How handlers ask for the app state: ``mlxd: Mlxd``.
+Mlxd = NamedDependency[AppState]

@@ -1,0 +1,176 @@
+"""Command line: ``mlxd serve``, ``mlxd check-config``, ``mlxd demo-model``.
+
+Nothing here imports MLX at module level: on Linux the BLAS library has to be
+chosen (possibly by re-executing the process once) before MLX is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from mlxd import __version__
+from mlxd.config import ConfigError, Settings, dump_toml, load_settings
+
+logger = logging.getLogger("mlxd")
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True)
+    # One line per request is the dashboard's job, not the log's.
+    logging.getLogger("uvicorn.access").setLevel(
+        logging.INFO if level.lower() == "debug" else logging.WARNING
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxd",
+        description=(
+            "An MLX inference daemon: OpenAI-compatible routes, continuous batching, "
+            "live TOML policy."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"mlxd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="TOML config file (default: $MLXD_CONFIG, else built-in defaults)",
+    )
+    serve.add_argument("--host", help="override [server] host")
+    serve.add_argument("--port", type=int, help="override [server] port")
+    serve.add_argument("--model", help="override [model] path (a local mlx-lm model directory)")
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="override [server] log_level",
+    )
+
+    check = sub.add_parser(
+        "check-config", help="validate a config file and print the effective config"
+    )
+    check.add_argument("path", type=Path)
+
+    demo = sub.add_parser(
+        "demo-model", help="prepare the built-in demo model and print its directory"
+    )
+    demo.add_argument("--dtype", choices=["auto", "q4", "bfloat16", "float32"], default=None)
+    demo.add_argument(
+        "--config", type=Path, default=None, help="read [model] demo_dtype from this file"
+    )
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if getattr(args, "host", None):
+        out.setdefault("server", {})["host"] = args.host
+    if getattr(args, "port", None):
+        out.setdefault("server", {})["port"] = args.port
+    if getattr(args, "log_level", None):
+        out.setdefault("server", {})["log_level"] = args.log_level
+    if getattr(args, "model", None):
+        out.setdefault("model", {})["path"] = args.model
+    return out
+
+
+def _config_path(args: argparse.Namespace) -> Path | None:
+    if args.config is not None:
+        return args.config
+    env = os.environ.get("MLXD_CONFIG")
+    return Path(env) if env else None
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    sys.stdout.write(
+        f"# {args.path}: valid. Effective config (defaults filled in, secrets masked):\n"
+    )
+    sys.stdout.write(dump_toml(settings))
+    return 0
+
+
+def _prepare_runtime(settings: Settings) -> bool:
+    """Pick the BLAS before MLX loads (may re-execute this process once).
+
+    Returns False (after logging why) when the configured BLAS is unusable.
+    """
+    from mlxd.runtime import blas
+
+    try:
+        blas.ensure_blas(settings.runtime.blas, settings.runtime.threads, sys.argv)
+    except blas.BlasError as exc:
+        logger.error("[runtime] blas: %s", exc)
+        return False
+    return True
+
+
+def _demo_model(args: argparse.Namespace) -> int:
+    setup_logging("info")
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        logger.error("%s", exc)
+        return 2
+    if not _prepare_runtime(settings):
+        return 2
+    import platform
+
+    import mlx.core  # noqa: F401  (loaded so the mapped BLAS can be read)
+
+    from mlxd import demo
+    from mlxd.runtime.blas import mapped_blas
+
+    dtype = demo.resolve_demo_dtype(
+        args.dtype or settings.model.demo_dtype,
+        system=platform.system(),
+        optimized_blas=mapped_blas().optimized,
+    )
+    try:
+        path = demo.prepare_demo_model(dtype)
+    except demo.DemoModelUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    path = _config_path(args)
+    overrides = _overrides(args)
+    try:
+        settings = load_settings(path, overrides=overrides)
+    except ConfigError as exc:
+        setup_logging("error")
+        logger.error("%s", exc)
+        return 2
+    setup_logging(settings.server.log_level)
+    if not _prepare_runtime(settings):
+        return 2
+    from mlxd.server import exit_now, serve
+
+    exit_now(serve(settings, config_path=path, overrides=overrides))
+    return 0  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return _check_config(args)
+    if args.command == "demo-model":
+        return _demo_model(args)
+    return _serve(args)

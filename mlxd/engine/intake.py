@@ -1,0 +1,118 @@
+"""Turning a request's prompt into tokens, with the model that will run it.
+
+Tokenizing happens on the engine thread at intake, so a request is always
+tokenized by the model that serves it (a swap re-tokenizes what is queued)
+and the Hugging Face tokenizer is never shared between threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlxd.config import Settings
+from mlxd.engine import admission
+from mlxd.engine.admission import RowExtent
+from mlxd.engine.lanes import LaneDecision, decide
+from mlxd.engine.messages import ChatPrompt, Failed, GenerationRequest, TextPrompt, TokenPrompt
+from mlxd.engine.model import LoadedModel
+
+
+class IntakeError(ValueError):
+    """The prompt cannot be turned into tokens; answered with a 400."""
+
+    def __init__(self, message: str, *, code: str = "invalid_request", param: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+def _plain_chat(messages: tuple[dict, ...]) -> str:
+    # For models without a chat template, the same fallback mlx-lm uses.
+    lines = [f"{m['role']}: {m['content']}" for m in messages]
+    return "\n".join(lines) + "\nassistant:"
+
+
+def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
+    """The prompt's token ids.
+
+    Raises:
+        IntakeError: the chat template rejects the messages, the prompt is
+            empty, or token ids are outside the vocabulary.
+    """
+    tokenizer = loaded.tokenizer
+    prompt = request.prompt
+    if isinstance(prompt, ChatPrompt):
+        messages = [dict(m) for m in prompt.messages]
+        if tokenizer.has_chat_template:
+            try:
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            except Exception as exc:  # jinja2 TemplateError and friends
+                raise IntakeError(
+                    f"the model's chat template rejected these messages: {exc}", param="messages"
+                ) from exc
+        else:
+            ids = tokenizer.encode(_plain_chat(prompt.messages))
+    elif isinstance(prompt, TextPrompt):
+        ids = tokenizer.encode(prompt.text)
+    elif isinstance(prompt, TokenPrompt):
+        vocab = len(tokenizer)
+        bad = [t for t in prompt.ids if not 0 <= t < vocab]
+        if bad:
+            raise IntakeError(
+                f"token ids out of range for a vocabulary of {vocab}: {bad[:5]}", param="prompt"
+            )
+        ids = list(prompt.ids)
+    else:  # pragma: no cover - the API only builds the three kinds
+        raise IntakeError(f"unknown prompt kind {type(prompt).__name__}")
+    ids = list(ids)
+    if not ids:
+        raise IntakeError("the prompt is empty after tokenization", param="prompt")
+    return ids
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request that passed intake: its tokens, effective max_tokens, lane and projection."""
+
+    prompt: list[int]
+    max_tokens: int
+    decision: LaneDecision
+    extent: RowExtent
+
+
+def prepare(
+    loaded: LoadedModel, request: GenerationRequest, settings: Settings, budget: int
+) -> Prepared | Failed:
+    """Tokenize and check a request against the model's context and the KV budget.
+
+    ``max_tokens`` is clamped to the room left in the context. A prompt that
+    leaves no room, or a request whose KV projection alone exceeds the budget
+    (it could never be admitted), is refused with a 400 that says why.
+    """
+    try:
+        prompt = tokenize(loaded, request)
+    except IntakeError as exc:
+        return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]
+    ctx = loaded.info.context_length
+    if len(prompt) >= ctx:
+        return Failed(
+            "context_length_exceeded",
+            f"This model's maximum context length is {ctx} tokens. However, your prompt is "
+            f"{len(prompt)} tokens, which leaves no room to generate.",
+            400,
+            param="messages",
+        )
+    max_tokens = min(request.max_tokens or ctx, ctx - len(prompt))
+    batch = settings.batch
+    extent = admission.row_extent(len(prompt), max_tokens, batch.decode_allowance)
+    alone = admission.never_fits(loaded.layout, extent, budget, batch.prefill_step_size)
+    if alone is not None:
+        return Failed(
+            "context_over_budget",
+            f"This request needs about {alone} bytes of KV cache ({len(prompt)} prompt tokens + "
+            f"{min(max_tokens, batch.decode_allowance)} to generate), more than the KV budget of "
+            f"{budget} bytes. Shorten the prompt or max_tokens, or raise [batch] kv_budget.",
+            400,
+        )
+    decision = decide(request, batch.size, settings.lanes, loaded.capabilities)
+    return Prepared(prompt, max_tokens, decision, extent)

@@ -1,0 +1,185 @@
+"""The values that cross between the HTTP side and the engine thread.
+
+Plain frozen dataclasses, no logic and no MLX: requests go in, events come
+out through a per-request channel. Errors cross as values
+(:class:`Failed`), never as raised exceptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Lane = Literal["batch", "serial"]
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """OpenAI chat messages, rendered with the model's chat template on intake."""
+
+    messages: tuple[dict, ...]
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """A raw completion prompt, tokenized as-is (special tokens parsed)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TokenPrompt:
+    """A completion prompt given as token ids."""
+
+    ids: tuple[int, ...]
+
+
+Prompt = ChatPrompt | TextPrompt | TokenPrompt
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class PenaltyParams:
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def has_penalties(self) -> bool:
+        return any(
+            p not in (None, 0.0) for p in (self.presence_penalty, self.frequency_penalty)
+        ) or self.repetition_penalty not in (None, 1.0)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation, as the engine receives it.
+
+    ``max_tokens`` ``None`` means "until the context is full"; the engine
+    clamps any value to the room left in the context.
+    """
+
+    id: str
+    prompt: Prompt
+    max_tokens: int | None
+    sampling: SamplingParams = SamplingParams()
+    penalties: PenaltyParams = PenaltyParams()
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # Test-only fault injection (see docs/testing.md); ignored unless the
+    # engine was built with fault injection enabled.
+    fault: str | None = None
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The engine tokenized the request and chose its lane."""
+
+    lane: Lane
+    reason: str
+    prompt_tokens: int
+    model: str
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token: str
+    id: int
+    logprob: float
+    bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    id: int
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text (possibly empty while a stop string may be forming) and tokens."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds; ``None`` when the phase never happened."""
+
+    queue_s: float
+    prefill_s: float | None
+    decode_s: float | None
+    ttft_s: float | None
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+
+
+ErrorCode = Literal[
+    "context_length_exceeded",
+    "context_over_budget",
+    "queue_full",
+    "shutting_down",
+    "model_not_loaded",
+    "cancelled",
+    "generation_error",
+    "invalid_request",
+]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request failed; ``status`` is the HTTP status to answer with."""
+
+    code: ErrorCode
+    message: str
+    status: int
+    retry_after: int | None = None
+    param: str | None = None
+
+
+Event = Accepted | Delta | Finished | Failed
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the HTTP side may know about the loaded model."""
+
+    id: str
+    path: str
+    family: str
+    context_length: int
+    created: int
+    batchable: bool
+    cache_kinds: tuple[str, ...] = field(default_factory=tuple)

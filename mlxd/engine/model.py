@@ -1,0 +1,197 @@
+"""Loading a model on the engine thread, and what mlxd needs to know about it.
+
+Everything here runs on the engine thread: it creates MLX state.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_reduce
+from mlx_lm import load as mlx_load
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxd.config import ModelSettings
+from mlxd.engine.admission import CacheLayout, LayerLayout
+from mlxd.engine.lanes import Capabilities
+from mlxd.engine.messages import ModelInfo
+
+logger = logging.getLogger(__name__)
+
+_BATCH_OPS = ("merge",)
+
+
+class ModelLoadError(Exception):
+    """The configured model cannot be loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    """A model and tokenizer owned by the engine thread."""
+
+    model: Any
+    tokenizer: Any
+    info: ModelInfo
+    layout: CacheLayout
+    capabilities: Capabilities
+    weights_bytes: int
+    # Prompt-cache entries are keyed by this, so a swapped model never sees
+    # another model's cache.
+    key: str
+
+
+def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
+    """The directory to load and the model id to serve it under."""
+    if settings.path:
+        path = Path(settings.path).expanduser()
+        if not path.is_dir():
+            raise ModelLoadError(
+                f"model path {str(path)!r} is not a directory. mlxd loads local mlx-lm "
+                "model directories only (it never downloads): convert or download the "
+                "model first, e.g. `mlx_lm.convert --hf-path ORG/NAME --mlx-path DIR`."
+            )
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{str(path)!r} has no config.json; is it an mlx-lm model directory?"
+            )
+        return path, settings.name or path.name
+
+    from mlxd import demo
+
+    dtype = demo.resolve_demo_dtype(
+        settings.demo_dtype, system=platform.system(), optimized_blas=optimized_blas
+    )
+    try:
+        path = demo.prepare_demo_model(dtype)
+    except demo.DemoModelUnavailable as exc:
+        raise ModelLoadError(str(exc)) from exc
+    return path, settings.name or demo.DEMO_MODEL_ID
+
+
+def _read_template(value: str) -> str:
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read chat_template file {value!r}: {exc}") from exc
+
+
+def _flatten(caches: list[Any]) -> list[Any]:
+    out = []
+    for c in caches:
+        inner = getattr(c, "caches", None)
+        out.extend(_flatten(list(inner)) if inner is not None else [c])
+    return out
+
+
+def _capabilities(model: Any) -> Capabilities:
+    caches = make_prompt_cache(model)
+    missing = sorted({type(c).__name__ for c in _flatten(caches) if not hasattr(type(c), "merge")})
+    if missing:
+        return Capabilities(False, f"caches without batch support: {', '.join(missing)}")
+    return Capabilities(True)
+
+
+def measure_layout(model: Any) -> CacheLayout:
+    """Measure each layer's cache by running one token through a fresh cache.
+
+    Measuring (rather than reading the config) gets the activation dtype and
+    the per-layer kinds exactly as mlx-lm will allocate them.
+    """
+    caches = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=caches)
+    flat = _flatten(caches)
+    mx.eval([c.state for c in flat])
+    layers = []
+    for c in flat:
+        keys = getattr(c, "keys", None)
+        if keys is not None and hasattr(keys, "shape"):
+            per_token = (c.keys.nbytes + c.values.nbytes) // keys.shape[2]
+            window = getattr(c, "max_size", None)
+            if window:
+                layers.append(LayerLayout("window", bytes_per_token=per_token, window=int(window)))
+            else:
+                layers.append(LayerLayout("full", bytes_per_token=per_token))
+        else:
+            layers.append(LayerLayout("state", state_bytes=int(c.nbytes)))
+    return CacheLayout(tuple(layers))
+
+
+def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int) -> LoadedModel:
+    """Load the configured (or demo) model with ``mlx_lm.load`` and probe it.
+
+    Raises:
+        ModelLoadError: with a message meant for the operator.
+    """
+    path, model_id = resolve_model_path(settings, optimized_blas=optimized_blas)
+    started = time.perf_counter()
+    try:
+        model, tokenizer, config = mlx_load(str(path), return_config=True)
+    except Exception as exc:
+        raise ModelLoadError(f"mlx_lm.load({str(path)!r}) failed: {exc}") from exc
+    if settings.chat_template:
+        tokenizer.chat_template = _read_template(settings.chat_template)
+        tokenizer.has_chat_template = True
+
+    declared = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    context = settings.max_context or int(declared)
+    weights = tree_reduce(
+        lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0
+    )
+    layout = measure_layout(model)
+    capabilities = _capabilities(model)
+    info = ModelInfo(
+        id=model_id,
+        path=str(path),
+        family=str(config.get("model_type", "unknown")),
+        context_length=context,
+        created=int(time.time()),
+        batchable=capabilities.batchable,
+        cache_kinds=layout.kinds,
+    )
+    logger.info(
+        "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, caches %s, %s",
+        model_id,
+        info.family,
+        path,
+        time.perf_counter() - started,
+        context,
+        weights // 2**20,
+        "/".join(layout.kinds),
+        "batchable" if capabilities.batchable else f"serial only ({capabilities.why_not})",
+    )
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        info=info,
+        layout=layout,
+        capabilities=capabilities,
+        weights_bytes=weights,
+        key=f"{path}#{generation}",
+    )
+
+
+def device_memory_bytes() -> int:
+    """Memory the KV budget is carved from (see :func:`admission.auto_budget`)."""
+    info = mx.device_info()
+    for key in ("max_recommended_working_set_size", "memory_size", "total_memory"):
+        if info.get(key):
+            return int(info[key])
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_name() -> str:
+    device = mx.default_device()
+    kind = "gpu" if device.type == mx.DeviceType.gpu else "cpu"
+    name = mx.device_info().get("device_name") or platform.machine()
+    return f"{kind} ({name})"

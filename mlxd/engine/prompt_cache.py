@@ -1,0 +1,83 @@
+"""The prompt (prefix) cache both lanes share: mlx-lm's ``LRUPromptCache``, counted.
+
+Entries are keyed by the loaded model's key, so a swapped model never sees
+another model's cache. The cache's byte cap shrinks by the live batch's KV
+bytes, so the cache and the batch share one ceiling.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+from mlxd.config import PromptCacheSettings
+from mlxd.engine.snapshot import PromptCacheView
+
+
+class PromptCache:
+    """``LRUPromptCache`` plus hit/miss counts and mlxd's settings."""
+
+    def __init__(self, settings: PromptCacheSettings):
+        self._settings = settings
+        self._lru = LRUPromptCache(max_size=settings.max_entries, max_bytes=settings.max_bytes)
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._settings.max_entries > 0
+
+    def configure(self, settings: PromptCacheSettings, live_bytes: int) -> None:
+        """New caps, applied at once (entries beyond them are dropped)."""
+        self._settings = settings
+        self._lru.max_size = settings.max_entries
+        self._lru.max_bytes = settings.max_bytes
+        self.trim(live_bytes)
+
+    def fetch(self, model_key: str, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
+        """A copy of the nearest cached prefix, and the tokens still to prefill.
+
+        At least one token is always left to prefill: generation needs a
+        token to feed.
+        """
+        if not self.enabled:
+            return None, prompt
+        cache, rest = self._lru.fetch_nearest_cache(model_key, prompt)
+        if cache is not None and not rest:
+            if can_trim_prompt_cache(cache):
+                trim_prompt_cache(cache, 1)
+                rest = prompt[-1:]
+            else:
+                cache, rest = None, prompt
+        if cache is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return cache, rest
+
+    def store(
+        self, model_key: str, tokens: list[int] | None, cache: list[Any] | None, live_bytes: int
+    ) -> None:
+        """Keep a finished row's cache, keyed by every token it holds."""
+        if cache is None or not tokens or not self.enabled:
+            return
+        self._lru.insert_cache(model_key, list(tokens), cache)
+        self.trim(live_bytes)
+
+    def trim(self, live_bytes: int) -> None:
+        self._lru.trim_to(n_bytes=self._settings.max_bytes - live_bytes)
+
+    def clear(self) -> None:
+        self._lru.trim_to(n_sequences=0)
+
+    def view(self, cached_tokens_served: int) -> PromptCacheView:
+        return PromptCacheView(
+            entries=len(self._lru),
+            bytes=self._lru.nbytes,
+            max_bytes=self._settings.max_bytes,
+            max_entries=self._settings.max_entries,
+            hits=self.hits,
+            misses=self.misses,
+            cached_tokens_served=cached_tokens_served,
+        )

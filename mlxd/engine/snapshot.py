@@ -1,0 +1,206 @@
+"""The engine's state as one immutable value: the contract of /stats and the dashboard.
+
+The engine thread builds a :class:`Snapshot` after each step and swaps it in;
+readers take the current one without locking. Nothing here holds prompt text
+or secrets. ``as_dict`` is the JSON shape documented in docs/api.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mlxd.engine.drain import DrainEvent
+
+
+@dataclass(frozen=True)
+class ModelView:
+    name: str | None
+    path: str | None
+    family: str | None
+    context: int | None
+    batchable: bool
+    cache_kinds: tuple[str, ...]
+    status: str  # "loading" | "ready" | "failed" | "swapping"
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RowView:
+    id: str
+    lane: str
+    phase: str
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_done: int
+    prefill_total: int
+    generated_tokens: int
+    max_tokens: int
+    tokens_per_s: float
+    received_at: float
+    kv_bytes: int
+    projected_kv_bytes: int
+
+
+@dataclass(frozen=True)
+class PendingView:
+    id: str
+    lane: str
+    received_at: float
+    prompt_tokens: int
+    projected_kv_bytes: int
+    waiting_for: str
+
+
+@dataclass(frozen=True)
+class BatchView:
+    configured: int
+    batched: bool
+    active_rows: int
+    pending_rows: int
+    prefilling_rows: int
+    kv_bytes: int
+    kv_projected_bytes: int
+    kv_budget_bytes: int
+    kv_budget_auto: bool
+    max_active_rows_seen: int
+    max_kv_bytes_seen: int
+    admission_paused: str | None
+
+
+@dataclass(frozen=True)
+class PromptCacheView:
+    entries: int
+    bytes: int
+    max_bytes: int
+    max_entries: int
+    hits: int
+    misses: int
+    cached_tokens_served: int
+
+
+@dataclass(frozen=True)
+class ReloadEvent:
+    """One reload attempt: what triggered it, what changed, what happened."""
+
+    id: int
+    trigger: str
+    at: float
+    outcome: str  # applied | unchanged | restart_required | rejected | failed | partial
+    changed: tuple[str, ...] = ()
+    restart_required: tuple[str, ...] = ()
+    error: str | None = None
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class ConfigView:
+    version: int
+    applied_at: float
+    source: str | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float
+    started_at: float
+    state: str  # "starting" | "ready" | "stopping" | "stopped" | "failed"
+    model: ModelView
+    mode: str
+    batch: BatchView
+    rows: tuple[RowView, ...]
+    pending: tuple[PendingView, ...]
+    drains: tuple[DrainEvent, ...]
+    reloads: tuple[ReloadEvent, ...]
+    prompt_cache: PromptCacheView
+    counters: dict[str, Any]
+    throughput: dict[str, Any]
+    config: ConfigView
+    runtime: dict[str, Any]
+    last_step_at: float
+    last_error: str | None = None
+    busy: bool = False
+
+    def as_dict(self, now: float | None = None) -> dict[str, Any]:
+        """The JSON shape of ``GET /stats`` (docs/api.md)."""
+        now = time.time() if now is None else now
+        out = asdict(self)
+        out["uptime_s"] = round(now - self.started_at, 3)
+        out["stalled"] = self.stalled(now)
+        for row in out["rows"]:
+            row["age_s"] = round(now - row["received_at"], 3)
+        for item in out["pending"]:
+            item["waited_s"] = round(now - item["received_at"], 3)
+        return out
+
+    def stalled(self, now: float, after_s: float = 60.0) -> bool:
+        """True when there is work but the engine has not finished a step for ``after_s``."""
+        return self.busy and now - self.last_step_at > after_s
+
+
+class Throughput:
+    """Decode tokens per time bucket, for the last few minutes."""
+
+    def __init__(self, bucket_s: float = 5.0, buckets: int = 60):
+        self.bucket_s = bucket_s
+        self._buckets: deque[tuple[int, int]] = deque(maxlen=buckets)
+        self._size = buckets
+
+    def add(self, tokens: int, now: float) -> None:
+        key = int(now // self.bucket_s)
+        if self._buckets and self._buckets[-1][0] == key:
+            self._buckets[-1] = (key, self._buckets[-1][1] + tokens)
+        else:
+            self._buckets.append((key, tokens))
+
+    def view(self, now: float) -> dict[str, Any]:
+        """tok/s per bucket, oldest first, ending with the current (partial) bucket."""
+        current = int(now // self.bucket_s)
+        counts = dict(self._buckets)
+        series = []
+        for key in range(current - self._size + 1, current + 1):
+            span = self.bucket_s if key < current else max(now - key * self.bucket_s, 1e-3)
+            series.append(round(counts.get(key, 0) / span, 2))
+        minute = int(60 / self.bucket_s)
+        window = series[-minute - 1 : -1] if len(series) > minute else series[:-1]
+        last_minute = sum(window) / len(window) if window else 0.0
+        return {
+            "bucket_s": self.bucket_s,
+            "series": series,
+            "last_minute_tps": round(last_minute, 2),
+        }
+
+
+@dataclass
+class Counters:
+    """Monotonic counts, owned by the engine thread; copied into each snapshot."""
+
+    submitted: int = 0
+    requests: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {
+            lane: {"completed": 0, "cancelled": 0, "failed": 0} for lane in ("batch", "serial")
+        }
+    )
+    lane_reasons: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    engine_errors: int = 0
+
+    def outcome(self, lane: str, outcome: str) -> None:
+        self.requests[lane][outcome] += 1
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def view(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["finished"] = sum(sum(v.values()) for v in self.requests.values())
+        out["prefill_seconds"] = round(self.prefill_seconds, 3)
+        out["decode_seconds"] = round(self.decode_seconds, 3)
+        return out

@@ -1,0 +1,101 @@
+"""House rule 1: layers by imports. The engine imports no web code; the HTTP
+side and the dashboard import no MLX; nothing creates MLX state at import."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).parent.parent / "mlxd"
+WEB = ("litestar", "uvicorn", "jinja2", "starlette", "httpx", "prometheus_client")
+MLX = ("mlx", "mlx_lm")
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of nodes inside ``if TYPE_CHECKING:`` (imports for annotations only)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    return skip
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip = _type_checking_only(tree)
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def modules_under(sub: str) -> list[Path]:
+    return sorted((PKG / sub).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", modules_under("engine"), ids=lambda p: p.name)
+def test_engine_imports_no_web_code(path):
+    bad = {
+        m
+        for m in imported_modules(path)
+        if m.split(".")[0] in WEB or m.startswith(("mlxd.api", "mlxd.dashboard"))
+    }
+    assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize(
+    "path", modules_under("api") + modules_under("dashboard"), ids=lambda p: p.name
+)
+def test_http_side_imports_no_mlx(path):
+    allowed_engine = {
+        "mlxd.engine.messages",
+        "mlxd.engine.channel",
+        "mlxd.engine.lanes",
+        "mlxd.engine.snapshot",
+        "mlxd.engine.drain",
+    }
+    bad = {
+        m
+        for m in imported_modules(path)
+        if m.split(".")[0] in MLX or (m.startswith("mlxd.engine") and m not in allowed_engine)
+    }
+    assert not bad, f"{path.name} imports {bad}"
+
+
+def test_importing_the_http_side_loads_no_mlx():
+    code = (
+        "import sys, mlxd.api.app, mlxd.dashboard.routes, mlxd.reload, mlxd.config, mlxd.cli;"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm'));"
+        "print(loaded); sys.exit(1 if loaded else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_importing_the_engine_creates_no_mlx_arrays():
+    code = (
+        "import gc, mlx.core as mx, mlxd.engine.engine, mlxd.engine.core, mlxd.engine.model;"
+        "n = sum(isinstance(o, mx.array) for o in gc.get_objects()); print(n)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    baseline = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import gc, mlx.core as mx, mlx_lm.generate;"
+            "print(sum(isinstance(o, mx.array) for o in gc.get_objects()))",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert int(done.stdout) == int(baseline.stdout)
