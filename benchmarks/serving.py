@@ -321,12 +321,15 @@ def _take_line(s: Stream, line: str) -> None:
 
 
 async def _poll_kv(client: Any, url: str, interval: float, peak: list[int]) -> None:
+    # The first poll waits one interval: a /stats request that lands in the
+    # same millisecond as the burst of new requests changes how mlxd groups
+    # them for prefill (see README, "Results"), and the peak comes later anyway.
     while True:
+        await asyncio.sleep(interval)
         with contextlib.suppress(Exception):
             batch = (await client.get(url)).json()["batch"]
             if batch["active_rows"]:
                 peak[0] = max(peak[0], int(batch["kv_bytes"]))
-        await asyncio.sleep(interval)
 
 
 async def _max_kv_seen(client: Any, base: str) -> int:

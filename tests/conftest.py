@@ -14,15 +14,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest_tiny import tiny_loaded, tiny_model_path, tiny_models  # noqa: F401
 
 CHROMIUM = os.environ.get("MLXD_CHROMIUM", "/usr/bin/chromium")
+# Headless flags for Debian's Chromium as root on a machine with no network
+# beyond loopback (no background connections, no first-run work).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 
 
 def require_browser() -> str:
     """The Chromium binary, or skip (fail under CI, where MLXD_REQUIRE_BROWSER=1)."""
-    if Path(CHROMIUM).exists() or shutil.which(CHROMIUM):
-        return CHROMIUM
+    for candidate in (CHROMIUM, "chromium", "chromium-browser", "google-chrome"):
+        found = candidate if os.access(candidate, os.X_OK) else shutil.which(candidate)
+        if found:
+            return found
     message = (
-        f"Chromium not found at {CHROMIUM}: install Debian's 'chromium' package "
-        "to run browser tests"
+        f"Chromium not found (tried {CHROMIUM}, chromium, chromium-browser, google-chrome): "
+        "install Debian's 'chromium' package to run browser tests"
     )
     if os.environ.get("MLXD_REQUIRE_BROWSER") == "1":
         pytest.fail(message)

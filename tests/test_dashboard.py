@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import signal
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import CHROMIUM_ARGS, require_browser
 from daemon import Daemon, toml_config
 from tinymodels import tiny_model_dir
 
@@ -36,15 +36,6 @@ PARTIALS = ROOT / "templates" / "partials"
 ADMIN_TOKEN = "adm-dashboard-test-token"
 API_KEY = "sk-dashboard-test-key"
 HOSTILE_NAME = 'tiny"><script>alert(1)</script>'
-
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 
 
 # MLXD_DASHBOARD_MODEL=demo runs this module on the real demo model (slower: for
@@ -93,29 +84,11 @@ def anonymous(tmp_path_factory: pytest.TempPathFactory):
     d.stop()
 
 
-def _chromium() -> str | None:
-    for candidate in (
-        os.environ.get("MLXD_CHROMIUM"),
-        "/usr/bin/chromium",
-        shutil.which("chromium"),
-    ):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser():
-    path = _chromium()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        path = None
-    if path is None:
-        reason = "Chromium or the playwright package is missing (apt-get install chromium)"
-        if os.environ.get("MLXD_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"MLXD_REQUIRE_BROWSER=1 but {reason}")
-        pytest.skip(reason)
+    path = require_browser()
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
         yield b

@@ -12,19 +12,11 @@ without it the test skips, unless ``MLXD_REQUIRE_BROWSER=1`` (CI).
 from __future__ import annotations
 
 import pytest
-from conftest import require_browser
+from conftest import CHROMIUM_ARGS, require_browser
 from daemon import Daemon, toml_config
 
 from mlxd.dashboard import configfile
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 WAIT_MS = 10_000
 
 

@@ -172,27 +172,29 @@ class OpenAIController(Controller):
 
     @post("/chat/completions", status_code=200)
     async def chat_completions(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:
-        _check_accepting(mlxd)
-        body = await read_body(request, mlxd.settings.limits.max_body_bytes)
-        req = decode(body, ChatRequest)
-        _check_model(mlxd, req.model)
-        gen = chat_request(req, mlxd.settings, faults=mlxd.fault_injection)
-        usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        return await _generate(
-            request, mlxd, gen, kind="chat", stream=req.stream, include_usage=usage
-        )
+        return await _serve(request, mlxd, "chat")
 
     @post("/completions", status_code=200)
     async def completions(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:
-        _check_accepting(mlxd)
-        body = await read_body(request, mlxd.settings.limits.max_body_bytes)
-        req = decode(body, CompletionRequest)
-        _check_model(mlxd, req.model)
-        gen = completion_request(req, mlxd.settings, faults=mlxd.fault_injection)
-        usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        return await _generate(
-            request, mlxd, gen, kind="completion", stream=req.stream, include_usage=usage
-        )
+        return await _serve(request, mlxd, "completion")
+
+
+_KINDS: dict[Kind, tuple[type, Callable[..., GenerationRequest]]] = {
+    "chat": (ChatRequest, chat_request),
+    "completion": (CompletionRequest, completion_request),
+}
+
+
+async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any] | Stream:
+    """Read, validate and run one completion request of either kind."""
+    _check_accepting(state)
+    schema, build = _KINDS[kind]
+    body = await read_body(request, state.settings.limits.max_body_bytes)
+    req = decode(body, schema)
+    _check_model(state, req.model)
+    gen = build(req, state.settings, faults=state.fault_injection)
+    usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    return await _generate(request, state, gen, kind=kind, stream=req.stream, include_usage=usage)
 
 
 def _model_json(info: Any) -> dict[str, Any]:

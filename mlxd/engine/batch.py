@@ -87,6 +87,10 @@ class BatchLane:
         row.uid = uid
         self.rows[uid] = row
 
+    def stats(self):
+        """``BatchGenerator.stats()``: prefill and decode seconds of the steps in the block."""
+        return self._gen.stats()
+
     def step(self) -> list[TokenOut]:
         """One generator step: a decode step for running rows, a prefill chunk for joiners."""
         prompt_responses, gen_responses = self._gen.next()

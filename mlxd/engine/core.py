@@ -353,7 +353,7 @@ class EngineCore:
         batch = self.batch
         assert batch is not None
         try:
-            with batch._gen.stats() as stats:
+            with batch.stats() as stats:
                 outs = batch.step()
         except Exception as exc:
             self._batch_failed(exc)
