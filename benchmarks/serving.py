@@ -29,7 +29,8 @@ benchmarks/README.md; in short, per wave of C streams started together at t0:
 wave and then one wave per C; every metric is the median over the rounds.
 Results: a Markdown table on stdout, JSON in ``--out``. Progress goes to stderr.
 
-Usage: ``python benchmarks/serving.py [--model DIR|demo] [--mlx-lm-server] [--quick]``.
+Usage: ``python benchmarks/serving.py [--model DIR|demo] [--mlx-lm-server] [--quick]``;
+``python benchmarks/serving.py --report FILE [CORES]`` prints a saved run's tables again.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
 import os
 import platform
 import signal
@@ -232,18 +234,32 @@ def summarize(wave: Wave) -> dict[str, Any]:
     return out
 
 
-def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def median_of(runs: list[dict[str, Any]], max_background: float | None = None) -> dict[str, Any]:
     """Each numeric metric's median over the rounds; errors and retries are summed.
 
-    Lists (per-stream prompt and completion tokens) come from the first round.
+    Rounds whose wave ran while other processes used more than
+    ``max_background`` cores are left out, as long as one round remains;
+    ``rounds_used`` says how many counted. Lists (per-stream prompt and
+    completion tokens) come from the first round.
     """
-    out = dict(runs[0])
-    for key in {k for r in runs for k, v in r.items() if _is_number(v)}:
-        vals = [r[key] for r in runs if _is_number(r.get(key))]
+    clean = [r for r in runs if (r.get("background_cores") or 0) <= (max_background or math.inf)]
+    used = clean or runs
+    out = dict(used[0])
+    for key in {k for r in used for k, v in r.items() if _is_number(v)}:
+        vals = [r[key] for r in used if _is_number(r.get(key))]
         out[key] = statistics.median(vals)
     for key in ("errors", "retries"):
         out[key] = sum(r.get(key) or 0 for r in runs)
+    out["rounds_used"] = len(used)
     return out
+
+
+def with_medians(results: dict[str, Any], max_background: float | None) -> dict[str, Any]:
+    """(Re)compute every system's and C's ``median`` from its ``runs``."""
+    for per_c in results.values():
+        for entry in per_c.values():
+            entry["median"] = median_of(entry["runs"], max_background)
+    return results
 
 
 def _is_number(value: Any) -> bool:
@@ -820,6 +836,7 @@ MAIN_HEADER = [
 DETAIL_HEADER = [
     "C", "system", "e2e tok/s", "decode tok/s", "TTFT p50/p95 (ms)", "ITL p50/p95 (ms)",
     "tokens", "EOS", "errors / retries", "same text as ceiling", "others' CPU (cores)",
+    "rounds used",
 ]  # fmt: skip
 
 
@@ -864,6 +881,7 @@ def markdown(report: dict[str, Any]) -> str:
                     _f(m.get("stopped_on_eos"), "{:.0f}"),
                     f"{m.get('errors', 0)} / {m.get('retries', 0)}", f"{same}/{len(ref)}",
                     _f(m.get("background_cores"), "{:.2f}"),
+                    f"{m.get('rounds_used', len(entry['runs']))}/{len(entry['runs'])}",
                 ])
             )  # fmt: skip
     return "\n".join(lines)
@@ -949,6 +967,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="before each system's round, wait (up to 10 min) until the machine is at most "
         "this busy, e.g. 0.2 on a shared machine (default 1: never wait)",
     )
+    p.add_argument(
+        "--max-background",
+        type=float,
+        default=0.2,
+        metavar="CORES",
+        help="leave out of the medians the rounds whose wave ran while other processes used "
+        "more than this many cores (if one round remains); default 0.2",
+    )
     p.add_argument("--quick", action="store_true", help="smoke test: C=1,4 and 16 tokens")
     p.add_argument("--out", type=Path, default=None, help="JSON output path")
     args = p.parse_args(argv)
@@ -1007,6 +1033,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--ceiling-worker"]:
         ceiling_worker(argv[1], argv[2])
         return 0
+    if argv[:1] == ["--report"]:  # re-render a saved run (medians recomputed)
+        report = json.loads(Path(argv[1]).read_text())
+        limit = report["settings"].get("max_background")
+        with_medians(report["results"], float(argv[2]) if argv[2:] else limit)
+        print(markdown(report))
+        return 0
     args = parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the servers started so far are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1028,15 +1060,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
     results = {
         name: {
-            str(c): {
-                "median": median_of([m.summaries[c] for m in measured]),
-                "runs": [m.summaries[c] for m in measured],
-                "texts": measured[-1].texts[c],
-            }
+            str(c): {"runs": [m.summaries[c] for m in measured], "texts": measured[-1].texts[c]}
             for c in args.concurrency
         }
         for name, measured in rounds.items()
     }
+    with_medians(results, args.max_background)
     report = {
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, "benchmarks/serving.py", *argv]),
@@ -1054,6 +1083,7 @@ def main(argv: list[str] | None = None) -> int:
                 "blas",
                 "stats_interval",
                 "wait_idle",
+                "max_background",
                 "quick",
             )
         },

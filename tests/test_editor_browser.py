@@ -60,6 +60,13 @@ def _wait_outcome(page, outcome: str) -> None:
     page.locator(f"#config-result[data-outcome={outcome}]").wait_for(timeout=WAIT_MS)
 
 
+def _submit(page, button: str, outcome: str) -> None:
+    """Click a form button and wait for *its* result (a stale one cannot match)."""
+    page.evaluate("document.getElementById('config-result')?.setAttribute('data-outcome', 'pending')")
+    page.click(button)
+    _wait_outcome(page, outcome)
+
+
 @pytest.mark.browser
 def test_edit_apply_conflict_and_rollback_in_a_browser(daemon: Daemon, browser) -> None:
     page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -75,14 +82,12 @@ def test_edit_apply_conflict_and_rollback_in_a_browser(daemon: Daemon, browser) 
 
     # Quick control: validate shows the diff, apply writes and reloads.
     page.fill("#q-batch-size", "1")
-    page.click("#config-quick button:text-is('Validate')")
-    _wait_outcome(page, "valid")
+    _submit(page, "#config-quick button:text-is('Validate')", "valid")
     row = page.locator("#config-result tr[data-key='batch.size']")
     assert row.inner_text().split() == ["batch.size", "2", "→", "1", "live"]
     assert "comments and formatting are lost" in page.locator("#config-result").inner_text()
     assert daemon.config_path.read_text() == original
-    page.click("#config-quick button:text-is('Apply')")
-    _wait_outcome(page, "applied")
+    _submit(page, "#config-quick button:text-is('Apply')", "applied")
     _wait_mode(page, "serial")
     assert _field(page, "config").startswith(f"v{version + 1},")
     assert daemon.stats()["batch"]["configured"] == 1
@@ -92,8 +97,7 @@ def test_edit_apply_conflict_and_rollback_in_a_browser(daemon: Daemon, browser) 
     on_disk = daemon.config_path.read_text() + "# edited with vim meanwhile\n"
     daemon.write_config(on_disk)
     page.fill("#q-batch-size", "3")
-    page.click("#config-quick button:text-is('Apply')")
-    _wait_outcome(page, "conflict")
+    _submit(page, "#config-quick button:text-is('Apply')", "conflict")
     result = page.locator("#config-result")
     assert "# edited with vim meanwhile" in result.locator("[data-field=disk]").inner_text()
     assert "size = 3" in result.locator("[data-field=yours]").inner_text()
@@ -106,8 +110,7 @@ def test_edit_apply_conflict_and_rollback_in_a_browser(daemon: Daemon, browser) 
     page.locator("#config-text").wait_for()
     assert "# edited with vim meanwhile" in page.input_value("#config-text")
     page.fill("#config-text", "[batch]\nsize = 2\nkv_budget = = 1\n")
-    page.click("#config-raw button:text-is('Apply')")
-    _wait_outcome(page, "rejected")
+    _submit(page, "#config-raw button:text-is('Apply')", "rejected")
     assert page.locator("#config-result [data-field=line]").inner_text() == "3"
     assert "invalid TOML" in page.locator("#config-result [data-field=reason]").inner_text()
     assert daemon.config_path.read_text() == on_disk
@@ -115,16 +118,14 @@ def test_edit_apply_conflict_and_rollback_in_a_browser(daemon: Daemon, browser) 
     # The raw editor writes what it validated, byte for byte, comments kept.
     text = on_disk.replace("size = 1", "size = 2  # two rows again")
     page.fill("#config-text", text)
-    page.click("#config-raw button:text-is('Apply')")
-    _wait_outcome(page, "applied")
+    _submit(page, "#config-raw button:text-is('Apply')", "applied")
     assert daemon.config_path.read_text() == text
     _wait_mode(page, "batch 2")
 
     # One click rolls back to the version before (batch size 1).
     previous = configfile.list_history(daemon.config_path)[0]
     assert previous.path.read_text() == on_disk
-    page.click(f"#config-history li[data-version='{previous.name}'] button")
-    _wait_outcome(page, "applied")
+    _submit(page, f"#config-history li[data-version='{previous.name}'] button", "applied")
     assert daemon.config_path.read_text() == on_disk
     _wait_mode(page, "serial")
     assert _field(page, "config").startswith(f"v{version + 3},")
