@@ -62,7 +62,9 @@ def _wait_outcome(page, outcome: str) -> None:
 
 def _submit(page, button: str, outcome: str) -> None:
     """Click a form button and wait for *its* result (a stale one cannot match)."""
-    page.evaluate("document.getElementById('config-result')?.setAttribute('data-outcome', 'pending')")
+    page.evaluate(
+        "document.getElementById('config-result')?.setAttribute('data-outcome', 'pending')"
+    )
     page.click(button)
     _wait_outcome(page, outcome)
 
