@@ -238,7 +238,9 @@ class PromptCacheSettings(Section):
 
 
 class SamplingSettings(Section):
-    temperature: float = _field(0.7, "live", "Default temperature (0 is greedy).", ge=0, le=2)
+    temperature: float = _field(
+        0.0, "live", "Default temperature; 0 is greedy, as in mlx_lm.server.", ge=0, le=2
+    )
     top_p: float = _field(1.0, "live", "Default nucleus sampling mass (1 disables).", gt=0, le=1)
     top_k: int = _field(0, "live", "Default top-k (0 disables).", ge=0)
     min_p: float = _field(0.0, "live", "Default min-p (0 disables).", ge=0, le=1)

@@ -208,3 +208,21 @@ def test_a_request_that_can_never_fit_gets_400(budgeted):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "context_over_budget" and str(budget) in err["message"]
+
+
+def test_a_non_streaming_client_that_goes_away_cancels_its_row(daemon):
+    before = daemon.stats()["counters"]["requests"]["batch"]["cancelled"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{daemon.url}/v1/chat/completions",
+            json=body(daemon.model_id(), "impatient", 3000),
+            timeout=httpx.Timeout(10, read=0.5),
+        )
+    deadline = time.monotonic() + 10
+    while True:
+        stats = daemon.stats()
+        cancelled = stats["counters"]["requests"]["batch"]["cancelled"]
+        if cancelled == before + 1 and stats["batch"]["active_rows"] == 0:
+            break
+        assert time.monotonic() < deadline, stats["batch"]
+        time.sleep(0.05)

@@ -3,6 +3,8 @@ shape, and a server that still answers the next request."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from daemon import Daemon, toml_config
@@ -242,3 +244,29 @@ def test_no_422_anywhere(http, model):
             r = http.post(path, content=body, headers={"content-type": "application/json"})
             assert r.status_code in (400, 404), (path, body, r.status_code, r.text)
             assert_error(r, r.status_code)
+
+
+def test_full_queue_answers_429_with_retry_after(tmp_path, tiny_models):
+    config = toml_config(
+        model={"path": str(tiny_models("llama"))}, batch={"size": 1}, limits={"max_queued": 1}
+    )
+    d = Daemon(tmp_path, config).start()
+    try:
+        model = d.model_id()
+
+        async def main():
+            async with httpx.AsyncClient(base_url=d.url, timeout=120) as client:
+                body = chat(model, max_tokens=200)
+                return await asyncio.gather(
+                    *(client.post("/v1/chat/completions", json=body) for _ in range(5))
+                )
+
+        responses = asyncio.run(main())
+        refused = [r for r in responses if r.status_code == 429]
+        assert refused and any(r.status_code == 200 for r in responses)
+        for r in refused:
+            assert_error(r, 429, code="queue_full")
+            assert int(r.headers["retry-after"]) >= 1
+        assert d.stats()["counters"]["rejected"]["queue_full"] == len(refused)
+    finally:
+        d.stop()
