@@ -206,3 +206,27 @@ def test_config_errors_never_repeat_a_secret(tmp_path, text):
 def test_text_is_validated_for_a_path_that_does_not_exist_yet(tmp_path):
     s = load_settings(tmp_path / "new.toml", text="[batch]\nsize = 2\n")
     assert s.batch.size == 2
+
+
+def test_serve_with_a_missing_config_file_exits_with_the_reason(tmp_path):
+    missing = tmp_path / "nope.toml"
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxd", "serve", "--config", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert str(missing) in done.stderr and "file not found" in done.stderr
+
+
+def test_demo_model_cli_prints_a_loadable_directory():
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxd", "demo-model", "--dtype", "q4"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.strip().splitlines()[-1])
+    assert (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
