@@ -293,3 +293,28 @@ def test_finished_event_carries_real_timings(llama):
         assert t.prefill_s is not None and t.prefill_s > 0
         assert t.decode_s is not None and t.decode_s > 0
         assert t.total_s >= t.ttft_s >= t.queue_s >= 0
+
+
+def test_serial_rows_cancel_during_prefill_and_during_decode(llama):
+    with running_engine(llama, batch={"size": 1, "prefill_step_size": 16}) as engine:
+
+        async def main():
+            long_prompt = token_request("prefilling", prompt(7, 3000), 50)
+            handle = engine.submit(long_prompt)
+            assert (await handle.accepted()).lane == "serial"
+            await wait_until(
+                engine, lambda s: any(r.phase == "prefill" and r.prefill_done > 0 for r in s.rows)
+            )
+            handle.cancel()
+            decoding = await consume(
+                engine, token_request("decoding", prompt(8), 500), cancel_after=5
+            )
+            after = await consume(engine, token_request("after", prompt(9), 5))
+            return decoding, after
+
+        decoding, after = asyncio.run(main())
+        snap = settled(engine)
+    assert len(decoding.tokens) == 5
+    assert after.ok and len(after.tokens) == 5
+    assert snap.counters["requests"]["serial"]["cancelled"] == 2
+    assert snap.counters["requests"]["serial"]["completed"] == 1

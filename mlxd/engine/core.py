@@ -35,10 +35,6 @@ from mlxd.engine.views import build_snapshot
 logger = logging.getLogger(__name__)
 
 
-class _Abort(Exception):
-    """Raised from the serial prefill callback when its row was cancelled."""
-
-
 class EngineCore:
     """Lanes, queues, drain and admission, owned by the engine thread."""
 
@@ -422,77 +418,36 @@ class EngineCore:
                 cache,
                 rest,
                 prefill_step_size=self.settings.batch.prefill_step_size,
-                on_progress=self._serial_progress,
+                pump=self.pump,
                 faults=self.faults,
             )
         except Exception as exc:
             logger.exception("starting %s", row.id)
             self._fail(row, f"could not start generation: {exc}")
 
-    def _serial_progress(self, done: int, total: int) -> None:
-        assert self.serial is not None
-        row = self.serial.row
-        row.prefill_done = done
-        if done < total:
-            self.pump()
-        if row.cancelled:
-            raise _Abort
-
     def _step_serial(self) -> None:
         run = self.serial
         assert run is not None and self.loaded is not None
-        row = run.row
-        started = time.perf_counter()
-        prefilling = row.first_token_mono is None
-        try:
-            if row.cancelled:
-                raise _Abort
-            out = run.advance()
-        except _Abort:
-            run.close()
-            self.serial = None
-            self._cancelled(row)
-            return
-        except Exception as exc:
-            logger.exception("serial generation failed for %s", row.id)
-            run.close()
-            self.serial = None
-            self.counters.engine_errors += 1
-            self._fail(row, f"generation failed: {exc}")
-            return
-        elapsed = time.perf_counter() - started
-        if prefilling:
-            self.counters.prefill_seconds += elapsed
+        step = run.step(self.loaded.tokenizer.eos_token_ids)
+        if step.prefill:
+            self.counters.prefill_seconds += step.seconds
         else:
-            self.counters.decode_seconds += elapsed
+            self.counters.decode_seconds += step.seconds
         self.last_step_wall = time.time()
-        if out is None:
-            return self._end_serial(row, "length")
-        token, logprobs = out
-        is_eos = token in self.loaded.tokenizer.eos_token_ids
-        try:
-            stopped = row.push_token(token, logprobs, is_eos=is_eos)
-        except Exception as exc:
-            row.error = exc
-        self.throughput.add(1, time.time())
-        if row.error is not None:
-            run.close()
-            self.serial = None
-            return self._fail(row, f"generation failed for this request: {row.error}")
-        if is_eos:
-            self._end_serial(row, "stop")
-        elif stopped:
-            self._end_serial(row, "stop", stopped_by_string=True)
-        elif row.generated >= row.max_tokens:
-            self._end_serial(row, "length")
-
-    def _end_serial(self, row: Row, reason: str, *, stopped_by_string: bool = False) -> None:
-        run = self.serial
-        assert run is not None
-        run.close()
+        if step.token:
+            self.throughput.add(1, time.time())
+        if step.ended is None:
+            return
         self.serial = None
-        self._complete(row, reason, stopped_by_string=stopped_by_string)
-        self._cache_store(row.prompt + row.generated_ids, run.cache)
+        row = run.row
+        if step.ended == "cancelled":
+            self._cancelled(row)
+        elif step.ended == "failed":
+            self.counters.engine_errors += step.engine_error
+            self._fail(row, step.error or "generation failed")
+        else:
+            self._complete(row, step.ended, stopped_by_string=step.stopped_by_string)
+            self._cache_store(row.prompt + row.generated_ids, run.cache)
 
     # ------------------------------------------------------------ endings
 
