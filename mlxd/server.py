@@ -26,6 +26,7 @@ from mlxd.api.app import make_app
 from mlxd.api.metrics import install_metrics
 from mlxd.api.state import AppState
 from mlxd.config import Settings
+from mlxd.dashboard.routes import route_handlers
 from mlxd.engine.engine import Engine
 
 logger = logging.getLogger(__name__)
@@ -128,16 +129,6 @@ def _log_task_error(task: asyncio.Task) -> None:
         logger.error("background task failed", exc_info=task.exception())
 
 
-def _extra_routes() -> list:
-    """Route handlers beyond the OpenAI API (dashboard, metrics, admin), when present."""
-    routes: list = []
-    with contextlib.suppress(ImportError):
-        from mlxd.dashboard.routes import route_handlers
-
-        routes.extend(route_handlers())
-    return routes
-
-
 def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
     """Run the daemon until a signal stops it. Returns the exit code."""
     runtime = runtime_info()
@@ -163,7 +154,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         fault_injection=faults,
     )
     install_metrics(state)
-    app = make_app(state, extra_route_handlers=_extra_routes())
+    app = make_app(state, extra_route_handlers=route_handlers())
     engine.start()
     host, port = settings.server.host, settings.server.port
     config = uvicorn.Config(

@@ -343,6 +343,7 @@ class EngineCore:
                 self._fail(row, f"could not start generation: {exc}")
                 continue
             self.last_turn = "batch"
+            self.max_active_seen = max(self.max_active_seen, len(batch))
             self.prompt_cache.trim(self._live_bytes())
 
     def _step_batch(self) -> None:
@@ -437,6 +438,7 @@ class EngineCore:
         if step.token:
             self.throughput.add(1, time.time())
         if step.ended is None:
+            self.max_kv_seen = max(self.max_kv_seen, sum(c.nbytes for c in run.cache))
             return
         self.serial = None
         row = run.row
@@ -495,6 +497,4 @@ class EngineCore:
 
     def snapshot(self, **kw: Any):
         """Build the immutable view of this state (see :mod:`mlxd.engine.views`)."""
-        running = len(self.batch) if self.batch is not None else 0
-        self.max_active_seen = max(self.max_active_seen, running)
         return build_snapshot(self, **kw)

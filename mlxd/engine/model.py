@@ -24,8 +24,6 @@ from mlxd.engine.messages import ModelInfo
 
 logger = logging.getLogger(__name__)
 
-_BATCH_OPS = ("merge",)
-
 
 class ModelLoadError(Exception):
     """The configured model cannot be loaded; the message says why and what to do."""

@@ -77,7 +77,6 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
         )
 
     live = batch_bytes + serial_bytes
-    core.max_kv_seen = max(core.max_kv_seen, live)
     info = loaded.info if loaded else None
     batched = settings.batch.size > 1 and bool(info and info.batchable)
     open_drain = core.drains.open
