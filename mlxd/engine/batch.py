@@ -68,10 +68,6 @@ class BatchLane:
         """Real bytes held by every admitted row's cache."""
         return self._gen.prompt_cache_nbytes
 
-    @property
-    def prefilling(self) -> int:
-        return sum(1 for r in self.rows.values() if r.phase == "prefill")
-
     def insert(self, row: Row, cache: list[Any] | None, rest: list[int]) -> None:
         """Hand an admitted row to the generator, starting from ``cache`` if any."""
         sampler = build_sampler(row.request)

@@ -438,7 +438,7 @@ class EngineCore:
         if step.token:
             self.throughput.add(1, time.time())
         if step.ended is None:
-            self.max_kv_seen = max(self.max_kv_seen, sum(c.nbytes for c in run.cache))
+            self.max_kv_seen = max(self.max_kv_seen, run.nbytes)
             return
         self.serial = None
         row = run.row

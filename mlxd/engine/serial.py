@@ -80,6 +80,11 @@ class SerialRun:
             prompt_progress_callback=self._progress,
         )
 
+    @property
+    def nbytes(self) -> int:
+        """Real bytes of this row's KV cache."""
+        return sum(c.nbytes for c in self.cache)
+
     def _progress(self, done: int, total: int) -> None:
         self.row.prefill_done = done
         if done < total:

@@ -57,7 +57,7 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
     rows.extend(_row_view(r, now, batch_bytes // n, projected // n) for r in batch_rows)
     serial_bytes = 0
     if core.serial is not None:
-        serial_bytes = sum(c.nbytes for c in core.serial.cache)
+        serial_bytes = core.serial.nbytes
         row = core.serial.row
         alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
         rows.append(_row_view(row, now, serial_bytes, alone))
