@@ -155,6 +155,7 @@ ErrorCode = Literal[
     "cancelled",
     "generation_error",
     "invalid_request",
+    "invalid_value",
 ]
 
 
@@ -183,3 +184,7 @@ class ModelInfo:
     created: int
     batchable: bool
     cache_kinds: tuple[str, ...] = field(default_factory=tuple)
+    # Token ids a request may carry are in [0, vocab_size).
+    vocab_size: int = 0
+    # Most characters one token stands for; 0 when unknown (no cheap bound).
+    max_token_chars: int = 0

@@ -98,14 +98,17 @@ def _capabilities(model: Any) -> Capabilities:
     return Capabilities(True)
 
 
-def measure_layout(model: Any) -> CacheLayout:
+def measure_layout(model: Any) -> tuple[CacheLayout, int]:
     """Measure each layer's cache by running one token through a fresh cache.
 
     Measuring (rather than reading the config) gets the activation dtype and
-    the per-layer kinds exactly as mlx-lm will allocate them.
+    the per-layer kinds exactly as mlx-lm will allocate them. Also returns
+    the width of the logits (the vocabulary, padded), which bounds every
+    token id a request may carry.
     """
     caches = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=caches)
+    logits = model(mx.array([[0]]), cache=caches)
+    width = int(logits.shape[-1])
     flat = _flatten(caches)
     mx.eval([c.state for c in flat])
     layers = []
@@ -120,7 +123,22 @@ def measure_layout(model: Any) -> CacheLayout:
                 layers.append(LayerLayout("full", bytes_per_token=per_token))
         else:
             layers.append(LayerLayout("state", state_bytes=int(c.nbytes)))
-    return CacheLayout(tuple(layers))
+    return CacheLayout(tuple(layers)), width
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` can stand for (at least 1).
+
+    Vocabulary entries are counted in their stored form, which has at least
+    as many characters as the text they decode to (byte-level BPE stores one
+    character per byte), so a prompt of more than ``context * this``
+    characters certainly has more tokens than the context holds.
+    """
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary view: no bound
+        return 0
+    return max((len(piece) for piece in vocab), default=1) or 1
 
 
 def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int) -> LoadedModel:
@@ -144,8 +162,10 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
     weights = tree_reduce(
         lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0
     )
-    layout = measure_layout(model)
+    layout, logits_width = measure_layout(model)
     capabilities = _capabilities(model)
+    # Every id must index both the tokenizer and the model's embedding/logits.
+    vocab = min(len(tokenizer), logits_width)
     info = ModelInfo(
         id=model_id,
         path=str(path),
@@ -154,6 +174,8 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
         created=int(time.time()),
         batchable=capabilities.batchable,
         cache_kinds=layout.kinds,
+        vocab_size=vocab,
+        max_token_chars=max_token_chars(tokenizer),
     )
     logger.info(
         "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, caches %s, %s",
