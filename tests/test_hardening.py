@@ -365,3 +365,30 @@ def test_untrusted_text_cannot_forge_log_lines(http, daemon):
     lines = daemon.log().splitlines()
     assert not any(line.startswith(forged) for line in lines)
     assert any("FORGED" in line for line in lines)  # it was logged, escaped, on one line
+
+
+# ---------------------------------------------------------------- dashboard bodies
+
+
+def test_dashboard_forms_are_bounded_too(http, daemon):
+    # Litestar parses the dashboard's forms itself: the guard bounds them first.
+    big = b"text=" + b"x" * (4 * 2**20 + 1)
+    r = http.post(
+        "/dashboard/config/apply",
+        content=big,
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert_error(r, 413, code="request_too_large")
+
+    def chunks():
+        yield b"token="
+        yield b"x" * 10
+
+    r = http.post(
+        "/dashboard/login",
+        content=chunks(),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert_error(r, 411, code="length_required")
+    r = http.post("/dashboard/login", data={"token": "wrong"})
+    assert r.status_code in (401, 403)  # an ordinary form still reaches its handler

@@ -20,6 +20,7 @@ _TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     408: "invalid_request_error",
+    411: "invalid_request_error",
     415: "invalid_request_error",
     421: "permission_error",
     429: "rate_limit_error",

@@ -9,7 +9,11 @@ too) and refuses:
   the visitor's browser;
 - a body sent to ``/v1`` without a JSON ``Content-Type`` with 415: browsers
   send ``text/plain``, form and multipart bodies (and bodies with no type)
-  cross-site without a CORS preflight, and a JSON API has no use for them.
+  cross-site without a CORS preflight, and a JSON API has no use for them;
+- a body that declares more than ``[limits] max_body_bytes`` with 413, on
+  every route; outside ``/v1`` (the dashboard's forms, which Litestar parses
+  itself) a body must declare its length (411 otherwise). ``/v1`` reads
+  bodies of unknown length under the same limit (:mod:`mlxd.api.body`).
 
 Both answers use the error shape of the API the request was meant for.
 """
@@ -76,19 +80,35 @@ class RequestGuard:
                 "host_not_allowed",
             )
             return
-        if scope.get("method") in _BODY_METHODS and (path == "/v1" or path.startswith("/v1/")):
-            content_type = _header(scope, b"content-type") or ""
-            if not is_json_type(content_type):
-                shown = content_type or "none"
-                await _answer(
-                    send,
-                    path,
-                    415,
-                    f"Content-Type must be application/json (got {shown}).",
-                    "unsupported_media_type",
-                )
+        if scope.get("method") in _BODY_METHODS:
+            refusal = _body_refusal(scope, path, self._settings().limits.max_body_bytes)
+            if refusal is not None:
+                await _answer(send, path, *refusal)
                 return
         await self.app(scope, receive, send)
+
+
+def _body_refusal(scope: dict[str, Any], path: str, limit: int) -> tuple[int, str, str] | None:
+    """Why a request's body is refused before routing, or None."""
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        return (
+            413,
+            f"The request body is {int(declared)} bytes; this server accepts at most {limit} "
+            "bytes (limits.max_body_bytes).",
+            "request_too_large",
+        )
+    if path == "/v1" or path.startswith("/v1/"):
+        content_type = _header(scope, b"content-type") or ""
+        if not is_json_type(content_type):
+            return (
+                415,
+                f"Content-Type must be application/json (got {content_type or 'none'}).",
+                "unsupported_media_type",
+            )
+    elif declared is None and _header(scope, b"transfer-encoding") is not None:
+        return 411, "A request body outside /v1 must declare its Content-Length.", "length_required"
+    return None
 
 
 async def _answer(send: Any, path: str, status: int, message: str, code: str) -> None:
