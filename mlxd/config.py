@@ -311,6 +311,34 @@ class RuntimeSettings(Section):
         raise ValueError('use "auto", "off" or the path of a shared library (…/libopenblas.so.0)')
 
 
+class ClusterSettings(Section):
+    """One model sharded across several machines with ``mx.distributed`` (docs/cluster.md)."""
+
+    backend: Literal["ring", "jaccl", "auto"] = _field(
+        "auto", "restart", 'MLX distributed backend; "auto" lets MLX pick what is available.'
+    )
+    hostfile: str | None = _field(
+        None,
+        "restart",
+        "MLX hostfile (JSON list of each rank's addresses); default: $MLX_HOSTFILE.",
+    )
+    rank: int | None = _field(
+        None, "restart", "This process's rank (0 serves HTTP); default: $MLX_RANK.", ge=0
+    )
+    sharding: Literal["tensor", "pipeline", "auto"] = _field(
+        "auto", "restart", 'How the model is split; "auto" is tensor when the model supports it.'
+    )
+    join_timeout: float = _field(
+        60.0, "restart", "Seconds every rank has to join at startup; then the process exits.", gt=0
+    )
+    step_timeout: float = _field(
+        120.0,
+        "restart",
+        "Seconds one step (or one idle heartbeat) may take before rank 0 gives the peer up.",
+        gt=0,
+    )
+
+
 # ---------------------------------------------------------------- settings
 
 _toml_input: ContextVar[tuple[Path, str] | None] = ContextVar("_toml_input", default=None)
@@ -350,6 +378,7 @@ class Settings(BaseSettings):
     sampling: SamplingSettings = SamplingSettings()
     limits: LimitSettings = LimitSettings()
     runtime: RuntimeSettings = RuntimeSettings()
+    cluster: ClusterSettings | None = None
 
     @classmethod
     def settings_customise_sources(
@@ -362,8 +391,16 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
+def _section_class(annotation: Any) -> type[Section]:
+    # An optional section ([cluster]) is annotated ``Section | None``.
+    for arg in getattr(annotation, "__args__", ()):
+        if isinstance(arg, type) and issubclass(arg, Section):
+            return arg
+    return annotation
+
+
 SECTIONS: dict[str, type[Section]] = {
-    name: field.annotation
+    name: _section_class(field.annotation)
     for name, field in Settings.model_fields.items()  # type: ignore[misc]
 }
 
@@ -499,5 +536,6 @@ def dump_toml(settings: Settings, *, reveal_secrets: bool = False) -> str:
     clean = {
         section: {k: v for k, v in values.items() if v is not None}
         for section, values in data.items()
+        if values is not None  # an optional section that is absent ([cluster])
     }
     return tomli_w.dumps(clean)

@@ -85,7 +85,9 @@ def diff(old: Settings, new: Settings) -> list[Change]:
     before, after = old.model_dump(), new.model_dump()
     for section in SECTIONS:
         for key in SECTIONS[section].model_fields:
-            a, b = before[section][key], after[section][key]
+            # An optional section ([cluster]) may be absent on either side.
+            a = (before[section] or {}).get(key)
+            b = (after[section] or {}).get(key)
             if a != b:
                 changes.append(
                     Change(f"{section}.{key}", _display(a), _display(b), reload_class(section, key))
@@ -99,14 +101,16 @@ def _effective(old: Settings, new: Settings, changes: list[Change], *, swap_ok: 
     for change in changes:
         if change.reload == "restart" or (change.reload == "swap" and not swap_ok):
             section, key = change.key.split(".", 1)
-            keep.setdefault(section, {})[key] = getattr(getattr(old, section), key)
+            keep.setdefault(section, {})[key] = getattr(getattr(old, section), key, None)
     if not keep:
         return new
-    return new.model_copy(
-        update={
-            section: getattr(new, section).model_copy(update=kv) for section, kv in keep.items()
-        }
-    )
+    update: dict[str, Any] = {}
+    for section, kv in keep.items():
+        if section == "cluster":  # every cluster key needs a restart: keep the old table
+            update[section] = old.cluster
+        else:
+            update[section] = getattr(new, section).model_copy(update=kv)
+    return new.model_copy(update=update)
 
 
 def check(

@@ -127,6 +127,22 @@ class MlxdServer(uvicorn.Server):
         self.should_exit = True
 
 
+def _leave_after_loss(state: AppState, message: str, code: int) -> None:
+    """The cluster is lost: refuse new requests, let error events flush, exit ``code``.
+
+    A supervisor (systemd, launchd) then restarts the group; no collective
+    can be trusted again in this process.
+    """
+    state.shutting_down = True
+    logger.error("cluster lost (%s); exiting with status %d", message, code)
+
+    def leave() -> None:
+        time.sleep(1.0)
+        exit_now(code)
+
+    threading.Thread(target=leave, name="mlxd-exit", daemon=True).start()
+
+
 def warn_if_exposed(settings: Settings) -> None:
     message = exposure_warning(settings)
     if message:
@@ -148,12 +164,33 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         f" ({runtime['blas_path']})" if runtime["blas_path"] else "",
     )
     faults = os.environ.get("MLXD_FAULT_INJECTION") == "1"
+    leader = None
+    if settings.cluster is not None:
+        from mlxd.engine.shard import ClusterError, membership
+
+        try:
+            member = membership(settings.cluster)
+        except ClusterError as exc:
+            logger.error("cluster: %s", exc)
+            return 2
+        if member.rank != 0:
+            from mlxd.engine.follower import run_follower
+
+            logger.info("cluster rank %d of %s: no HTTP on this rank", member.rank, member.world)
+            return run_follower(
+                settings, member, optimized_blas=bool(runtime["blas_optimized"]), faults=faults
+            )
+        from mlxd.engine.leader import Leader
+
+        leader = Leader(settings.cluster, member)
+        logger.info("cluster rank 0 of %s: serving HTTP for the group", member.world)
     engine = Engine(
         settings,
         optimized_blas=bool(runtime["blas_optimized"]),
         fault_injection=faults,
         config_source=str(config_path) if config_path else None,
         runtime=runtime,
+        cluster=leader,
     )
     state = AppState(
         engine=engine,
@@ -162,6 +199,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         overrides=overrides,
         fault_injection=faults,
     )
+    engine.on_fatal = lambda message, code: _leave_after_loss(state, message, code)
     install_metrics(state)
     app = make_app(state, extra_route_handlers=route_handlers())
     engine.start()

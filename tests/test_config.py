@@ -157,7 +157,8 @@ def test_check_config_cli_fails_with_the_key(tmp_path):
 def _documented_keys(text: str) -> set[str]:
     found, section = set(), None
     for line in text.splitlines():
-        if m := re.match(r"^\s*\[(\w+)\]", line):
+        # An optional section ([cluster]) is shown commented out: absent is its default.
+        if m := re.match(r"^#?\s*\[(\w+)\]", line):
             section = m.group(1)
         elif (m := re.match(r"^#?\s*(\w+)\s*=", line)) and section:
             found.add(f"{section}.{m.group(1)}")

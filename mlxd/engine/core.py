@@ -79,6 +79,10 @@ class EngineCore:
         self.avg_generated = float(settings.sampling.max_tokens)
         # Set by the engine: processes the inbox during a long serial prefill.
         self.pump: Callable[[], None] = lambda: None
+        # What builds the lanes; a cluster's rank 0 swaps in mirrored ones
+        # that broadcast each step (mlxd.engine.leader).
+        self.batch_factory: Callable[..., BatchLane] = BatchLane
+        self.serial_factory: Callable[..., SerialRun] = SerialRun
 
     # ------------------------------------------------------------ model
 
@@ -345,7 +349,7 @@ class EngineCore:
         if not self.pending:
             return
         if self.batch is None:
-            self.batch = BatchLane(self.loaded, self.settings.batch, faults=self.faults)
+            self.batch = self.batch_factory(self.loaded, self.settings.batch, faults=self.faults)
         batch, layout = self.batch, self.loaded.layout
         step = self.settings.batch.prefill_step_size
         while self.pending:
@@ -446,7 +450,7 @@ class EngineCore:
         row.admitted(len(row.prompt) - len(rest))
         self.last_turn = "serial"
         try:
-            self.serial = SerialRun(
+            self.serial = self.serial_factory(
                 self.loaded,
                 row,
                 cache,

@@ -23,23 +23,31 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mlxd.config import ModelSettings, Settings
 from mlxd.engine.channel import Channel, RequestHandle
+from mlxd.engine.cluster import PeerLost
 from mlxd.engine.core import EngineCore
 from mlxd.engine.intake import Prepared, prepare
 from mlxd.engine.messages import Failed, GenerationRequest, ModelInfo
 from mlxd.engine.model import LoadedModel, ModelLoadError, load_model
+from mlxd.engine.shard import ClusterError
 from mlxd.engine.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from mlxd.engine.leader import Leader
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 _IDLE_WAIT_S = 0.5
+# In a cluster, an idle rank 0 sends an empty plan this often (the heartbeat).
+_HEARTBEAT_S = 0.1
 # Woken from idle by a request, the engine keeps taking requests until the
 # inbox has been quiet this long (at most _BURST_MAX_S), so a burst of clients
 # is admitted and prefilled as one group instead of 1 + the rest
@@ -101,6 +109,9 @@ class Engine:
         fault_injection: Honour ``GenerationRequest.fault`` (tests only).
         config_source: The config file, for the snapshot.
         runtime: Facts about the process (BLAS, device) for the snapshot.
+        cluster: Rank 0 of a cluster (docs/cluster.md): the engine joins the
+            group, loads its shard, and broadcasts each step to the other
+            ranks. ``None`` runs on this machine alone.
     """
 
     def __init__(
@@ -111,10 +122,28 @@ class Engine:
         fault_injection: bool = False,
         config_source: str | None = None,
         runtime: dict[str, Any] | None = None,
+        cluster: Leader | None = None,
     ):
         self._core = EngineCore(
             settings, faults=fault_injection, config_source=config_source, runtime=runtime
         )
+        self._cluster = cluster
+        self._idle_wait = _IDLE_WAIT_S
+        if cluster is not None:
+            core = self._core
+            core.batch_factory = cluster.batch_lane
+            core.serial_factory = cluster.serial_run
+            core.prompt_cache = cluster.prompt_cache(
+                settings.prompt_cache, lambda: core.settings.batch
+            )
+            cluster.on_fatal = self._cluster_lost
+            self._idle_wait = min(_IDLE_WAIT_S, _HEARTBEAT_S)
+        # Called with (message, exit code) when the cluster is lost; set by the server.
+        self.on_fatal: Callable[[str, int], None] = lambda message, code: None
+        # Every request's channel, to end them from any thread if the cluster is lost.
+        self._channels: weakref.WeakValueDictionary[str, Channel] = weakref.WeakValueDictionary()
+        self._channels_lock = threading.Lock()
+        self._lost = False
         self._optimized_blas = optimized_blas
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._deferred: list[_Call] = []
@@ -150,6 +179,9 @@ class Engine:
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Queue a request; call from a running event loop. Read events from the handle."""
         channel = Channel(asyncio.get_running_loop())
+        if self._cluster is not None:
+            with self._channels_lock:
+                self._channels[request.id] = channel
         self._inbox.put(_Submit(request, channel))
         return RequestHandle(request.id, channel, self.cancel)
 
@@ -198,15 +230,28 @@ class Engine:
     # ------------------------------------------------------------ the thread
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except PeerLost as exc:
+            self._cluster_lost(str(exc))
+        except ClusterError as exc:  # refused at startup: the group cannot form
+            logger.error("cluster: %s", exc)
+            self._cluster_lost(str(exc), code=2)
+
+    def _serve(self) -> None:
         core = self._core
         core.pump = self._pump
+        if self._cluster is not None:
+            self._join_cluster()
         self._load_initial()
         while not self._stop.is_set():
             try:
                 self._drain_inbox(block=not core.busy)
                 if self._stop.is_set():
                     break
-                core.tick()
+                stepped = core.tick()
+                if self._cluster is not None and not stepped:
+                    self._cluster.heartbeat()
             except Exception as exc:  # the loop must never die silently
                 logger.exception("engine loop error; failing in-flight requests and continuing")
                 core.counters.engine_errors += 1
@@ -220,19 +265,75 @@ class Engine:
         self._intaking.clear()
         for call in self._deferred:
             call.future.set_exception(RuntimeError("the engine stopped"))
+        if self._cluster is not None:
+            self._cluster.shutdown()
         self._publish(state="stopped")
         core.release()
         gc.collect()
         logger.info("engine stopped")
 
+    def _load(self, model: ModelSettings) -> LoadedModel:
+        """Load ``model``; in a cluster, every rank loads its shard together."""
+        cluster = self._cluster
+        if cluster is None:
+            return load_model(
+                model, optimized_blas=self._optimized_blas, generation=self._generation
+            )
+        from mlxd.engine.cluster_start import check_model, shard_loader
+
+        check_model(cluster, model, optimized_blas=self._optimized_blas)
+        cluster.load(model.model_dump(), self._generation)
+        try:
+            return load_model(
+                model,
+                optimized_blas=self._optimized_blas,
+                generation=self._generation,
+                loader=shard_loader(cluster),
+            )
+        except Exception as exc:  # the other ranks are loading: no way back
+            raise cluster.lost(f"rank 0 could not load its shard: {exc}") from exc
+
+    def _join_cluster(self) -> None:
+        from mlxd.engine.cluster_start import start_leader
+
+        self._publish(state="starting")
+        start_leader(self._cluster, self._core.settings, optimized_blas=self._optimized_blas)
+        self._publish(state="starting")
+
+    def _cluster_lost(self, message: str, code: int = 3) -> None:
+        """The cluster cannot go on: fail every request, go not-ready, let the server exit.
+
+        Runs on the engine thread (a collective raised) or on the watchdog's
+        thread (the engine thread is stuck in a collective), so it touches
+        only channels and the snapshot reference.
+        """
+        with self._channels_lock:
+            if self._lost:
+                return
+            self._lost = True
+        cluster = self._cluster
+        if cluster is not None:
+            cluster.lost(message)
+            message = cluster.error or message
+        failed = Failed("peer_lost", f"the cluster lost a rank: {message}", 503)
+        if threading.current_thread() is self._thread:
+            self._core.abort_all(failed.message, code="peer_lost", status=503)
+            self._publish(state="peer_lost")
+        else:
+            view = cluster.view() if cluster is not None else None
+            self._snapshot = replace(self._snapshot, state="peer_lost", cluster=view)
+        with self._channels_lock:
+            channels = list(self._channels.values())
+        for channel in channels:
+            channel.push(failed)
+        for submit in list(self._intaking.values()):
+            submit.channel.push(failed)
+        self.on_fatal(message, code)
+
     def _load_initial(self) -> None:
         core = self._core
         try:
-            loaded = load_model(
-                core.settings.model,
-                optimized_blas=self._optimized_blas,
-                generation=self._generation,
-            )
+            loaded = self._load(core.settings.model)
         except ModelLoadError as exc:
             logger.error("%s", exc)
             core.model_status, core.model_error = "failed", str(exc)
@@ -243,6 +344,8 @@ class Engine:
             core.install_model(loaded)
             self.model_info = loaded.info
         self._loaded_event.set()
+        if self._cluster is not None and core.loaded is None:
+            raise ClusterError(core.model_error or "the model did not load")
         self._publish()
 
     def _swap(self, core: EngineCore, model: ModelSettings) -> ModelInfo:
@@ -251,9 +354,7 @@ class Engine:
         self._publish()
         self._generation += 1
         try:
-            loaded = load_model(
-                model, optimized_blas=self._optimized_blas, generation=self._generation
-            )
+            loaded = self._load(model)
         except Exception as exc:
             core.model_status = previous_status if core.loaded is not None else "failed"
             core.last_error = f"model swap failed: {exc}"
@@ -269,7 +370,7 @@ class Engine:
 
     def _drain_inbox(self, *, block: bool, defer_calls: bool = False) -> None:
         try:
-            first = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            first = self._inbox.get(timeout=self._idle_wait) if block else self._inbox.get_nowait()
         except queue.Empty:
             first = None
         messages = [first] if first is not None else []
@@ -357,6 +458,8 @@ class Engine:
                 call.future.set_result(call.fn(self._core))
             except BaseException as exc:
                 call.future.set_exception(exc)
+                if isinstance(exc, PeerLost):
+                    raise
 
         if call.exclusive:
             self._core.exclusive.append((call.reason, run))
@@ -377,4 +480,12 @@ class Engine:
                 state = "failed" if core.model_status == "failed" else "starting"
             else:
                 state = "ready"
-        self._snapshot = core.snapshot(state=state)
+        cluster = self._cluster
+        if cluster is None:
+            self._snapshot = core.snapshot(state=state)
+            return
+        if cluster.state == "peer_lost":
+            state = "peer_lost"
+        elif cluster.state != "ready":
+            state = "starting"
+        self._snapshot = core.snapshot(state=state, cluster=cluster.view())

@@ -156,6 +156,7 @@ ErrorCode = Literal[
     "generation_error",
     "invalid_request",
     "invalid_value",
+    "peer_lost",
 ]
 
 

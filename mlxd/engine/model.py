@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,8 +142,17 @@ def max_token_chars(tokenizer: Any) -> int:
     return max((len(piece) for piece in vocab), default=1) or 1
 
 
-def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int) -> LoadedModel:
+def load_model(
+    settings: ModelSettings,
+    *,
+    optimized_blas: bool,
+    generation: int,
+    loader: Callable[[str], tuple[Any, Any, dict]] | None = None,
+) -> LoadedModel:
     """Load the configured (or demo) model with ``mlx_lm.load`` and probe it.
+
+    ``loader`` replaces ``mlx_lm.load`` (a cluster rank loads its shard with
+    ``sharded_load``, see :mod:`mlxd.engine.shard`).
 
     Raises:
         ModelLoadError: with a message meant for the operator.
@@ -150,9 +160,13 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
     path, model_id = resolve_model_path(settings, optimized_blas=optimized_blas)
     started = time.perf_counter()
     try:
-        model, tokenizer, config = mlx_load(str(path), return_config=True)
+        if loader is not None:
+            model, tokenizer, config = loader(str(path))
+        else:
+            model, tokenizer, config = mlx_load(str(path), return_config=True)
     except Exception as exc:
-        raise ModelLoadError(f"mlx_lm.load({str(path)!r}) failed: {exc}") from exc
+        name = "sharded_load" if loader is not None else "mlx_lm.load"
+        raise ModelLoadError(f"{name}({str(path)!r}) failed: {exc}") from exc
     if settings.chat_template:
         tokenizer.chat_template = _read_template(settings.chat_template)
         tokenizer.has_chat_template = True

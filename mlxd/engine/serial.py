@@ -129,6 +129,15 @@ class SerialRun:
             return self._end(started, prefill, "length", token=True)
         return SerialStep(time.perf_counter() - started, prefill, token=True)
 
+    def advance(self) -> int | None:
+        """One raw generator step: the next token, or None when it is exhausted.
+
+        A cluster follower steps its shard this way when rank 0 says so
+        (:mod:`mlxd.engine.follower`); rank 0 decides when the row ends.
+        """
+        out = next(self._steps, None)
+        return None if out is None else int(out[0])
+
     def _end(self, started: float, prefill: bool, ended: str, **kw: Any) -> SerialStep:
         self.close()
         return SerialStep(time.perf_counter() - started, prefill, ended=ended, **kw)

@@ -123,6 +123,8 @@ class Snapshot:
     last_step_at: float
     last_error: str | None = None
     busy: bool = False
+    # The cluster section (docs/cluster.md); None on a single machine.
+    cluster: dict[str, Any] | None = None
 
     def as_dict(self, now: float | None = None) -> dict[str, Any]:
         """The JSON shape of ``GET /stats`` (docs/api.md)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mlxd.engine import admission
 from mlxd.engine.snapshot import (
@@ -37,7 +37,9 @@ def _row_view(row: Row, now: float, kv_bytes: int, projected: int) -> RowView:
     )
 
 
-def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
+def build_snapshot(
+    core: EngineCore, *, state: str, cluster: dict[str, Any] | None = None
+) -> Snapshot:
     """One consistent, immutable view of ``core``; called on the engine thread."""
     now, wall = time.monotonic(), time.time()
     settings = core.settings
@@ -126,4 +128,5 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
         last_step_at=core.last_step_wall,
         last_error=core.last_error,
         busy=core.busy or core.intaking > 0,
+        cluster=cluster,
     )
