@@ -26,7 +26,10 @@ class HealthController(Controller):
         """Readiness: a model is loaded, the engine steps, and the server takes requests."""
         snap = mlxd.engine.snapshot()
         now = time.time()
-        if mlxd.shutting_down or snap.state == "stopping":
+        cluster = snap.cluster or {}
+        if cluster.get("state") not in (None, "ready"):
+            reason = f"cluster {cluster['state']}: {cluster.get('error') or 'waiting for ranks'}"
+        elif mlxd.shutting_down or snap.state == "stopping":
             reason = "shutting down"
         elif not mlxd.engine.alive:
             reason = "the engine thread is not running"

@@ -33,9 +33,7 @@ def check_model(leader: Leader, model: ModelSettings, *, optimized_blas: bool) -
 def start_leader(leader: Leader, settings: Settings, *, optimized_blas: bool) -> None:
     """Check the model, join the group (under ``join_timeout``), start the watchdog."""
     check_model(leader, settings.model, optimized_blas=optimized_blas)
-    group = join(
-        leader.member, leader.settings.join_timeout, lambda message: leader.fatal(message, 2)
-    )
+    group = join(leader.member, leader.settings.join_timeout)
     leader.join(group, settings.batch, settings.prompt_cache)
     leader.watch()
 

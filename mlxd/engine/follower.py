@@ -154,7 +154,7 @@ class Follower:
     def run(self) -> int:
         """Join, then apply plans until rank 0 says shutdown. Returns the exit code."""
         try:
-            group = join(self.member, self.settings.join_timeout, self._join_timeout)
+            group = join(self.member, self.settings.join_timeout)
             self.col = Collectives(group)
             hosts = self.col.gather_text(socket.gethostname())
             logger.info(
@@ -368,10 +368,6 @@ class Follower:
         self.checksum.step()
 
     # ------------------------------------------------------------ lifecycle
-
-    def _join_timeout(self, message: str) -> None:
-        logger.error("%s", message)
-        _exit(2)
 
     def _watch(self) -> None:
         timeout = self.settings.step_timeout

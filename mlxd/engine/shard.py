@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,12 +154,38 @@ def check_shardable(path: Path, sharding: str, world: int) -> str:
     return sharding
 
 
-def join(member: Membership, timeout: float, on_timeout: Any) -> Any:
+# The deadman: ``mx.distributed.init`` holds the GIL while it waits, so no
+# Python thread (nor signal handler) of this process can act on a deadline.
+# A tiny child process does: it writes the message to our stderr and ends
+# us with SIGKILL, unless we kill it first (we joined) or we are gone.
+_DEADMAN = """
+import os, signal, sys, time
+parent, deadline, line = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), sys.argv[3]
+while time.monotonic() < deadline:
+    if os.getppid() != parent:
+        sys.exit(0)
+    time.sleep(0.1)
+sys.stderr.write(line + "\\n")
+sys.stderr.flush()
+os.kill(parent, signal.SIGKILL)
+"""
+
+
+def _start_deadman(timeout: float, message: str) -> subprocess.Popen:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    line = f"{stamp} ERROR   mlxd.engine.shard: {message}; exiting"
+    return subprocess.Popen(
+        [sys.executable, "-c", _DEADMAN, str(os.getpid()), str(timeout), line],
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def join(member: Membership, timeout: float) -> Any:
     """``mx.distributed.init`` under a deadline; returns the group.
 
-    ``on_timeout(message)`` is called from a timer thread when the ranks
-    have not all joined after ``timeout`` seconds (it should end the
-    process: ``init`` cannot be interrupted).
+    When the ranks have not all joined after ``timeout`` seconds, the
+    process is ended (SIGKILL, from a watcher process: ``init`` cannot be
+    interrupted) after logging which ranks it waited for.
     """
     import mlx.core as mx
 
@@ -170,16 +198,22 @@ def join(member: Membership, timeout: float, on_timeout: Any) -> Any:
         f"{member.world or '?'} is waiting for {where or 'its peers'}, which has not joined. "
         "Start mlxd on every host with the same hostfile (docs/cluster.md)"
     )
-    timer = threading.Timer(timeout, on_timeout, args=(message,))
-    timer.daemon = True
-    timer.start()
+    logger.info(
+        "joining the cluster as rank %d of %s (waiting up to %gs for %s)",
+        member.rank,
+        member.world or "?",
+        timeout,
+        where or "the other ranks",
+    )
+    deadman = _start_deadman(timeout, message)
     try:
         backend = "any" if member.backend == "auto" else member.backend
         group = mx.distributed.init(strict=True, backend=backend)
     except RuntimeError as exc:
-        timer.cancel()
         raise ClusterError(f"mx.distributed.init failed ({member.backend}): {exc}") from exc
-    timer.cancel()
+    finally:
+        deadman.kill()
+        deadman.wait()
     if member.world and group.size() != member.world:
         raise ClusterError(
             f"MLX formed a group of {group.size()} ranks but the hostfile lists {member.world}"
