@@ -23,21 +23,23 @@ def _stream(url: str, model: str, prompt: list[int]) -> dict:
     seen = {"tokens": 0, "error": None, "status": None, "done": False}
     body = {"model": model, "prompt": prompt, "max_tokens": 3000, "stream": True}
     try:
-        with httpx.Client(base_url=url, timeout=30) as http:
-            with http.stream("POST", "/v1/completions", json=body) as r:
-                seen["status"] = r.status_code
-                for line in r.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:]
-                    if data == "[DONE]":
-                        seen["done"] = True
-                        break
-                    event = json.loads(data)
-                    if "error" in event:
-                        seen["error"] = event["error"]
-                        break
-                    seen["tokens"] += 1
+        with (
+            httpx.Client(base_url=url, timeout=30) as http,
+            http.stream("POST", "/v1/completions", json=body) as r,
+        ):
+            seen["status"] = r.status_code
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    seen["done"] = True
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    seen["error"] = event["error"]
+                    break
+                seen["tokens"] += 1
     except httpx.HTTPError as exc:
         seen["error"] = {"transport": repr(exc)}
     return seen
