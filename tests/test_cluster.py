@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -160,6 +162,34 @@ def test_cluster_keys_need_a_restart(cluster):
     assert body["outcome"] == "restart_required", json.dumps(body)
     assert "cluster.join_timeout" in json.dumps(body)
     assert cluster.rank0.stats()["cluster"]["join_timeout"] == 60.0
+
+
+def test_stats_cluster_section_is_documented_in_cluster_md(cluster):
+    from test_stats import check_schema
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "cluster.md").read_text()
+    fields = {
+        m.group(1): m.group(2).replace("\\|", "|")
+        for m in re.finditer(r"^\| `(cluster[^`]*)` \| `([^`]+)` \|", doc, re.M)
+    }
+    assert len(fields) > 15
+    seen: set[str] = set()
+    check_schema(
+        {"cluster": cluster.rank0.stats()["cluster"]}, {"cluster": "object", **fields}, seen
+    )
+    assert set(fields) - seen == set(), "documented in cluster.md but not in /stats"
+
+
+def test_metrics_and_dashboard_show_every_rank(cluster):
+    with cluster.rank0.client() as http:
+        metrics = http.get("/metrics").text
+        page = http.get("/dashboard").text
+        panel = http.get("/dashboard/cluster").text
+    assert "mlxd_cluster_ready 1.0" in metrics
+    memory = [m for m in metrics.splitlines() if m.startswith("mlxd_cluster_rank_active_memory")]
+    assert sorted(re.search(r'rank="(\d+)"', m).group(1) for m in memory) == ["0", "1"]
+    assert 'id="cluster"' in page and 'data-rank="1"' in page
+    assert 'data-field="cluster-state">in step<' in panel
 
 
 def test_sigterm_on_rank_0_stops_every_rank_with_0(cluster):

@@ -131,7 +131,7 @@ LABELED_COUNTERS = (
     ("mlxd_lane_decisions", "Accepted requests by lane reason.", "lane_reasons", "reason"),
 )
 
-STATES = ("starting", "ready", "stopping", "stopped", "failed")
+STATES = ("starting", "ready", "stopping", "stopped", "failed", "peer_lost")
 
 
 def _ratio(part: float, whole: float) -> float:
@@ -174,6 +174,46 @@ class SnapshotCollector(Collector):
             for value, n in sorted(snap.counters[key].items()):
                 family.add_metric([value], n)
             yield family
+        if snap.cluster is not None:
+            yield from _cluster_metrics(snap.cluster)
+
+
+def _cluster_metrics(cluster: dict) -> Iterator[Metric]:
+    """Only in a cluster (docs/cluster.md, "Metrics"): per-rank series carry ``rank``."""
+    info = InfoMetricFamily("mlxd_cluster", "The cluster this rank 0 leads (always 1).")
+    info.add_metric(
+        [],
+        {
+            "backend": str(cluster["backend"]),
+            "sharding": str(cluster["sharding"]),
+            "world_size": str(cluster["world_size"]),
+            "state": str(cluster["state"]),
+        },
+    )
+    yield info
+    yield GaugeMetricFamily(
+        "mlxd_cluster_ready", "1 while every rank is in step.", value=cluster["state"] == "ready"
+    )
+    for name, doc, key in (
+        ("mlxd_cluster_plans", "Step plans rank 0 broadcast (steps and heartbeats).", "plans"),
+        ("mlxd_cluster_steps", "Model steps every rank ran in lockstep.", "steps"),
+        ("mlxd_cluster_plan_bytes", "Bytes of step plans broadcast.", "plan_bytes"),
+        ("mlxd_cluster_comm_seconds", "Rank 0's time in plan and digest collectives.",
+         "comm_seconds"),
+    ):  # fmt: skip
+        yield CounterMetricFamily(name, doc, value=cluster[key])
+    per_rank = (
+        ("mlxd_cluster_rank_active_memory_bytes", "MLX active memory per rank.",
+         "active_memory_bytes"),
+        ("mlxd_cluster_rank_peak_memory_bytes", "MLX peak memory per rank.", "peak_memory_bytes"),
+        ("mlxd_cluster_rank_heartbeat_age_seconds", "Seconds since rank 0 last heard the rank.",
+         "last_heartbeat_age_s"),
+    )  # fmt: skip
+    for name, doc, key in per_rank:
+        family = GaugeMetricFamily(name, doc, labels=["rank", "host"])
+        for rank in cluster["ranks"]:
+            family.add_metric([str(rank["rank"]), str(rank["host"] or "")], rank[key] or 0)
+        yield family
 
 
 def _info_metrics(snap: Snapshot) -> Iterator[Metric]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxd.config import format_bytes
+from mlxd.dashboard.cluster_view import cluster
 
 View = dict[str, Any]
 
@@ -360,6 +361,7 @@ REGIONS: dict[str, Callable[[dict[str, Any], float], View]] = {
     "pending-queue": pending_queue,
     "event-log": event_log,
     "counters": counters,
+    "cluster": cluster,
 }
 
 
