@@ -160,6 +160,11 @@ def measure(work: Path, ranks: int, model: Path, args: argparse.Namespace) -> di
         after = httpx.get(f"{url}/stats").json().get("cluster") or {}
         out = {"ranks": ranks, "one_stream_tps": one, "c_streams_tps": many}
         if after:
+            # Idle: only heartbeats (an empty plan every 100 ms): the bare cost of one plan.
+            time.sleep(args.idle)
+            idle = httpx.get(f"{url}/stats").json()["cluster"]
+            plans = idle["plans"] - after["plans"]
+            out["idle_plan_ms"] = 1000 * (idle["comm_seconds"] - after["comm_seconds"]) / plans
             steps = after["steps"] - before["steps"]
             out["comm_ms_per_step"] = (
                 1000 * (after["comm_seconds"] - before["comm_seconds"]) / steps
@@ -184,20 +189,25 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--blas", default="auto", choices=("auto", "off"))
+    parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle heartbeats")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlxd-cluster-bench-"))
     cache = Path(os.environ.get("MLXD_CACHE_DIR", Path.home() / ".cache" / "mlxd"))
     model = Path(args.model).expanduser() if args.model else bench_model(cache)
     rows = [measure(work, ranks, model, args) for ranks in (1, 2)]
     print(f"model: {model}, {args.tokens} tokens per stream, C = {args.concurrency}\n")
-    print("| ranks | 1 stream tok/s | C streams tok/s | comm ms/step | plan bytes/plan |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| ranks | 1 stream tok/s | C streams tok/s | plan+digest ms/step "
+        "| idle plan ms | plan bytes/plan |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         comm = f"{r['comm_ms_per_step']:.2f}" if "comm_ms_per_step" in r else "-"
+        idle = f"{r['idle_plan_ms']:.2f}" if "idle_plan_ms" in r else "-"
         size = f"{r['plan_bytes_per_plan']:.0f}" if "plan_bytes_per_plan" in r else "-"
         print(
             f"| {r['ranks']} | {r['one_stream_tps']:.1f} | {r['c_streams_tps']:.1f} "
-            f"| {comm} | {size} |"
+            f"| {comm} | {idle} | {size} |"
         )
     (work / "cluster.json").write_text(json.dumps(rows, indent=2))
     log(f"logs and cluster.json in {work}")

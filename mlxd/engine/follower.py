@@ -146,7 +146,8 @@ class Follower:
         # Caches rows released since the last plan, for Store: (n, crc) -> (tokens, cache).
         self.released: dict[tuple[int, int], tuple[list[int], Any]] = {}
         self.checksum = TokenChecksum()
-        self.waiting_since: float | None = None
+        # When the last plan arrived; None while loading (which may take minutes).
+        self.last_plan: float | None = None
         self.stopping = threading.Event()
 
     # ------------------------------------------------------------ the loop
@@ -164,10 +165,10 @@ class Follower:
                 ", ".join(hosts),
             )
             self._watch()
+            self.last_plan = time.monotonic()
             while True:
-                self.waiting_since = time.monotonic()
                 data = self.col.broadcast(None)
-                self.waiting_since = None
+                self.last_plan = time.monotonic()
                 if not data:
                     raise Desync("received an empty plan")
                 plan = decode_plan(data)
@@ -187,7 +188,7 @@ class Follower:
                 logger.exception("cluster follower failed")
             return EXIT_LOST
         finally:
-            self.waiting_since = None
+            self.last_plan = None
             self._release()
 
     def _apply(self, plan: Plan) -> bool:
@@ -308,6 +309,13 @@ class Follower:
                 self.released[(len(tokens), tokens_crc(list(tokens)))] = (list(tokens), cache)
 
     def _load(self, op: Load) -> None:
+        self.last_plan = None  # loading a big shard may take longer than a step
+        try:
+            self._load_shard(op)
+        finally:
+            self.last_plan = time.monotonic()
+
+    def _load_shard(self, op: Load) -> None:
         if self.batch is not None:
             self.batch.close()
             self.batch = None
@@ -374,8 +382,9 @@ class Follower:
 
         def loop() -> None:
             while True:
-                since = self.waiting_since
+                since = self.last_plan
                 if since is not None and time.monotonic() - since > timeout:
+                    # Rank 0 plans every step and heartbeats every 100 ms when idle.
                     logger.error(
                         "cluster: no plan from rank 0 for step_timeout (%gs): rank 0 is "
                         "unreachable or stuck; exiting",
