@@ -166,6 +166,20 @@ def test_reload_swaps_the_model_on_every_rank(cluster, models, reference):
     assert cluster.ranks[1].log().count("loaded its tensor shard") == 2
 
 
+def test_a_swap_to_a_model_the_cluster_cannot_shard_keeps_the_old_one(
+    cluster, models, reference, tiny_models
+):
+    serving = cluster.rank0.model_id()
+    config = cluster.rank0.config_path.read_text()
+    cluster.rank0.write_config(config.replace(str(models["b"]), str(tiny_models("llama_b"))))
+    body = cluster.rank0.reload().json()
+    assert "num_key_value_heads (3) to be a multiple of 2" in json.dumps(body), body
+    assert cluster.rank0.model_id() == serving
+    assert texts(cluster, SHORT) == reference[("b", SHORT)]
+    cluster.rank0.write_config(config)
+    assert cluster.rank0.stats()["cluster"]["state"] == "ready"
+
+
 def test_cluster_keys_need_a_restart(cluster):
     config = cluster.rank0.config_path.read_text()
     cluster.rank0.write_config(config.replace("join_timeout = 60.0", "join_timeout = 61.0"))

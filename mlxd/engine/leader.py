@@ -103,6 +103,8 @@ class Leader:
         self.busy_since: float | None = None
         self.digest_pending = False
         self.comm_seconds = 0.0
+        # The part of comm_seconds spent on plans that ran a step.
+        self.step_comm_seconds = 0.0
         self.comm_plans = 0
         self.plan_bytes = 0
         self.events: deque[dict[str, Any]] = deque(maxlen=16)
@@ -165,7 +167,10 @@ class Leader:
             col.broadcast(data)
         except Exception as exc:
             raise self.lost(f"broadcasting plan {self.seq} failed: {exc}") from exc
-        self.comm_seconds += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.comm_seconds += elapsed
+        if run:
+            self.step_comm_seconds += elapsed
         self.comm_plans += 1
         self.plan_bytes += len(data)
         self.last_sync_mono = time.monotonic()
@@ -280,7 +285,7 @@ class Leader:
             "steps": self.checksum.steps,
             "plan_bytes": self.plan_bytes,
             "comm_seconds": round(self.comm_seconds, 4),
-            "comm_ms_per_step": round(1000 * self.comm_seconds / steps, 3),
+            "comm_ms_per_step": round(1000 * self.step_comm_seconds / steps, 3),
             "join_timeout": self.settings.join_timeout,
             "step_timeout": self.settings.step_timeout,
             "events": list(self.events),
