@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 import signal
 import threading
 import time
@@ -235,7 +236,17 @@ def test_model_swap_under_load_and_broken_path(tmp_path, tiny_models):
         assert reply.model == new
         assert d.stats()["drains"][0]["reason"] == "model_swap"
 
+        # A missing directory is refused before anything drains ...
         d.write_config(config("/no/such/model"))
+        missing = d.reload().json()
+        assert missing["reload"]["outcome"] == "rejected"
+        assert "[model] path" in missing["error"]["message"]
+        # ... and a directory that looks right but cannot load fails the swap.
+        broken_dir = tmp_path / "broken-model"
+        shutil.copytree(tiny_models("llama"), broken_dir)
+        for weights in broken_dir.glob("*.safetensors"):
+            weights.write_bytes(b"not safetensors")
+        d.write_config(config(str(broken_dir)))
         broken = d.reload().json()
         assert broken["outcome"] == "failed" and "previous model keeps serving" in broken["error"]
         assert d.model_id() == new
