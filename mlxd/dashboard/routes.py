@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import hmac
 import time
-from functools import cache
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
-from litestar import Controller, MediaType, Request, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
 from litestar.di import Provide
@@ -32,27 +30,13 @@ from mlxd.api.state import Mlxd, provide_app_state
 from mlxd.api.stats import NO_STORE, StatsController
 from mlxd.config import Settings
 from mlxd.dashboard import views
-from mlxd.paths import static_dir, templates_dir
+from mlxd.dashboard.editor import EditorController
+from mlxd.dashboard.templating import render
+from mlxd.paths import static_dir
 
 LOGIN_PATH = "/dashboard/login"
 LOGIN_MAX_BODY = 4096
 COOKIE_MAX_AGE = 7 * 24 * 3600
-
-
-@cache
-def environment() -> Environment:
-    """The Jinja2 environment of ``templates/``; autoescape is on for everything."""
-    return Environment(
-        loader=FileSystemLoader(templates_dir()),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-
-
-def render(template: str, status_code: int = 200, **context: Any) -> Response[str]:
-    html = environment().get_template(template).render(**context)
-    return Response(html, status_code=status_code, media_type=MediaType.HTML, headers=NO_STORE)
 
 
 # ---------------------------------------------------------------- access
@@ -167,9 +151,6 @@ async def root() -> Redirect:
 
 def route_handlers() -> list:
     """Everything mlxd serves besides the OpenAI API and health checks."""
-    # Imported here: the editor renders with this module's environment().
-    from mlxd.dashboard.editor import EditorController
-
     static = create_static_files_router(
         path="/static", directories=[static_dir()], name="static", include_in_schema=False
     )

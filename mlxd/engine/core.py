@@ -30,7 +30,6 @@ from mlxd.engine.prompt_cache import PromptCache
 from mlxd.engine.row import Row
 from mlxd.engine.serial import SerialRun
 from mlxd.engine.snapshot import ConfigView, Counters, ReloadEvent, Throughput
-from mlxd.engine.views import build_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -494,7 +493,3 @@ class EngineCore:
         self.serial = None
         self.loaded = None
         self.prompt_cache.clear()
-
-    def snapshot(self, **kw: Any):
-        """Build the immutable view of this state (see :mod:`mlxd.engine.views`)."""
-        return build_snapshot(self, **kw)

@@ -26,6 +26,7 @@ from mlxd.engine.core import EngineCore
 from mlxd.engine.messages import GenerationRequest, ModelInfo
 from mlxd.engine.model import ModelLoadError, load_model
 from mlxd.engine.snapshot import Snapshot
+from mlxd.engine.views import build_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class Engine:
         self._loaded_event = threading.Event()
         self._generation = 0
         self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
-        self._snapshot = self._core.snapshot(state="starting")
+        self._snapshot = build_snapshot(self._core, state="starting")
         self.model_info: ModelInfo | None = None
 
     # ------------------------------------------------------------ public API
@@ -305,4 +306,4 @@ class Engine:
                 state = "failed" if core.model_status == "failed" else "starting"
             else:
                 state = "ready"
-        self._snapshot = core.snapshot(state=state)
+        self._snapshot = build_snapshot(core, state=state)
