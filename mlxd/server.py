@@ -131,6 +131,11 @@ def _log_task_error(task: asyncio.Task) -> None:
 
 def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
     """Run the daemon until a signal stops it. Returns the exit code."""
+    if config_path is not None:
+        from mlxd.dashboard.configfile import clean_stray_temps
+
+        for stray in clean_stray_temps(config_path):
+            logger.info("removed %s, left by an interrupted config write", stray)
     runtime = runtime_info()
     logger.info(
         "runtime: %s, BLAS %s%s",

@@ -180,8 +180,8 @@ def _wanted(action: str, form: dict[str, str], mlxd: AppState, current: Current)
     if not changed:
         return text, "No quick control was changed."
     return text, (
-        f"Quick controls changed {', '.join(changed)}; the file is rewritten by tomli-w, "
-        "so its comments and formatting are lost (the raw editor keeps them)."
+        f"Quick controls changed {', '.join(changed)}; only their lines of the file change, "
+        "its comments and formatting are kept."
     )
 
 

@@ -119,6 +119,18 @@ TITLES = {
 }
 
 
+WRITTEN = {"applied", "restart_required", "failed", "partial"}
+
+
+def diff_label(action: str, outcome: str) -> str:
+    """What the file diff of a result compares, said for what happened to the file."""
+    if outcome in WRITTEN:
+        return "previous file → written"
+    if action == "validate" and outcome in ("valid", "unchanged"):
+        return "on disk → yours (Validate writes nothing)"
+    return "on disk → yours, not written"
+
+
 def result_view(
     action: str,
     outcome: str,
@@ -141,6 +153,7 @@ def result_view(
         "error": message or (r.error if r else None),
         "version": r.version if r and r.applied else None,
         "diff": diff or [],
+        "diff_label": diff_label(action, outcome),
         "conflict": conflict,
         "note": note,
     }

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import tomli_w
+import tomlkit
 
-from mlxd.config import Settings, parse_toml
+from mlxd.config import Settings
 
 # (key, label, kind, hint); kind "int", "size" or a tuple of choices.
 QUICK: tuple[tuple[str, str, Any, str], ...] = (
@@ -56,16 +56,21 @@ def quick_edit(
 ) -> tuple[str, list[str]]:
     """``text`` with the quick controls that differ from what was shown written in.
 
-    Only those keys change in the parsed file; everything else is kept, but
-    tomli-w drops comments and formatting. ``text`` must be a valid config.
+    The document is edited in place with tomlkit: only the lines of the changed
+    keys change (a key the file does not set yet is added to its section, a
+    missing section at the end); comments, order and formatting are kept, an
+    inline comment after a changed value included. ``text`` must be a valid config.
     """
-    data = parse_toml(text, "")
+    doc = tomlkit.parse(text)
     changed = []
     for key, _, kind, _ in QUICK:
         raw = submitted.get(key)
         if raw is None or raw.strip() == shown.get(key):
             continue
         section, name = key.split(".")
-        data.setdefault(section, {})[name] = _typed(kind, raw)
+        if section not in doc:
+            doc.add(tomlkit.nl())
+            doc.add(section, tomlkit.table())
+        doc[section][name] = _typed(kind, raw)
         changed.append(key)
-    return (tomli_w.dumps(data) if changed else text), changed
+    return (tomlkit.dumps(doc) if changed else text), changed

@@ -142,6 +142,9 @@ def status_bar(s: dict[str, Any], now: float) -> View:
         "blas": blas,
         "blas_optimized": bool(runtime.get("blas_optimized")),
         "last_error": s["last_error"],
+        "last_error_at": clock(s.get("last_error_at")),
+        "last_error_iso": iso(s.get("last_error_at")),
+        "last_error_ago": ago(s.get("last_error_at"), now),
     }
 
 
@@ -198,9 +201,17 @@ def active_rows(s: dict[str, Any], now: float) -> View:
             }
         )
     b = s["batch"]
+    batched = sum(1 for r in s["rows"] if r["lane"] == "batch")
     return {
         "rows": rows,
         "summary": f"{b['active_rows']} running of {b['configured']}",
+        "over_width": (
+            f"The batch width was lowered to {b['configured']}: the {batched} batch rows "
+            f"already running finish first, and no new row starts until fewer than "
+            f"{b['configured']} run."
+            if batched > b["configured"]
+            else None
+        ),
         "prefilling": b["prefilling_rows"],
         "peak": b["max_active_rows_seen"],
     }
@@ -244,7 +255,10 @@ def _drain_event(d: dict[str, Any], now: float) -> View:
 
 def _reload_event(r: dict[str, Any], now: float) -> View:
     details = [("config version", str(r["version"]))]
-    if r["changed"]:
+    values = r.get("values") or ()
+    if values:
+        details += [(key, f"{old} → {new}") for key, old, new in values]
+    elif r["changed"]:
         details.append(("changed", ", ".join(r["changed"])))
     if r["restart_required"]:
         details.append(("needs restart", ", ".join(r["restart_required"])))

@@ -73,9 +73,14 @@ class EngineCore:
         self.max_kv_seen = 0
         self.last_step_wall = time.time()
         self.last_error: str | None = None
+        self.last_error_at: float | None = None
         self.avg_generated = float(settings.sampling.max_tokens)
         # Set by the engine: processes the inbox during a long serial prefill.
         self.pump: Callable[[], None] = lambda: None
+
+    def note_error(self, message: str) -> None:
+        """Remember the latest engine error (the status bar shows it, with its time)."""
+        self.last_error, self.last_error_at = message, time.time()
 
     # ------------------------------------------------------------ model
 
@@ -399,7 +404,7 @@ class EngineCore:
     def _batch_failed(self, exc: Exception) -> None:
         logger.exception("the batched step failed; failing its rows and rebuilding the batch")
         self.counters.engine_errors += 1
-        self.last_error = f"batched step failed: {exc!r}"
+        self.note_error(f"batched step failed: {exc!r}")
         assert self.batch is not None
         for row in self.batch.reset(self.settings.batch):
             self._fail(row, f"the batched forward failed ({exc}); the engine recovered")

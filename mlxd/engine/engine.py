@@ -185,7 +185,7 @@ class Engine:
             except Exception as exc:  # the loop must never die silently
                 logger.exception("engine loop error; failing in-flight requests and continuing")
                 core.counters.engine_errors += 1
-                core.last_error = f"engine loop error: {exc!r}"
+                core.note_error(f"engine loop error: {exc!r}")
                 core.abort_all(f"internal engine error: {exc}", code="generation_error", status=500)
                 time.sleep(0.05)
             self._publish()
@@ -228,7 +228,7 @@ class Engine:
             )
         except Exception as exc:
             core.model_status = previous_status if core.loaded is not None else "failed"
-            core.last_error = f"model swap failed: {exc}"
+            core.note_error(f"model swap failed: {exc}")
             raise
         core.install_model(loaded)
         core.retokenize_queued()

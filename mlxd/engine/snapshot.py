@@ -93,6 +93,8 @@ class ReloadEvent:
     restart_required: tuple[str, ...] = ()
     error: str | None = None
     version: int = 0
+    # (key, old, new) as text, secrets masked: what the event log shows.
+    values: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class Snapshot:
     last_step_at: float
     last_error: str | None = None
     busy: bool = False
+    last_error_at: float | None = None
 
     def as_dict(self, now: float | None = None) -> dict[str, Any]:
         """The JSON shape of ``GET /stats`` (docs/api.md)."""

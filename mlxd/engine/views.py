@@ -124,5 +124,6 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
         runtime=dict(core.runtime),
         last_step_at=core.last_step_wall,
         last_error=core.last_error,
+        last_error_at=core.last_error_at,
         busy=core.busy,
     )
