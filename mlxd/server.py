@@ -28,6 +28,7 @@ from mlxd.api.state import AppState
 from mlxd.config import Settings
 from mlxd.dashboard.routes import route_handlers
 from mlxd.engine.engine import Engine
+from mlxd.listen import ListenError, bind
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,17 @@ def _log_task_error(task: asyncio.Task) -> None:
 
 
 def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
-    """Run the daemon until a signal stops it. Returns the exit code."""
+    """Run the daemon until a signal stops it. Returns the exit code.
+
+    The port is bound first: a busy port fails at once, before MLX and the
+    model load.
+    """
+    host, port = settings.server.host, settings.server.port
+    try:
+        sock = bind(host, port)
+    except ListenError as exc:
+        logger.error("%s", exc)
+        return 2
     if config_path is not None:
         from mlxd.dashboard.configfile import clean_stray_temps
 
@@ -161,7 +172,6 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     install_metrics(state)
     app = make_app(state, extra_route_handlers=route_handlers())
     engine.start()
-    host, port = settings.server.host, settings.server.port
     config = uvicorn.Config(
         app,
         host=host,
@@ -173,7 +183,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     )
     server = MlxdServer(config, state)
     shown = f"[{host}]" if ":" in host else host
-    logger.info("mlxd %s listening on http://%s:%d", "starting,", shown, port)
+    logger.info("mlxd listening on http://%s:%d (the model loads meanwhile)", shown, port)
     logger.info(
         "dashboard: http://%s:%d/dashboard  OpenAI base URL: http://%s:%d/v1",
         shown,
@@ -182,7 +192,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         port,
     )
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         engine.stop()
     return 0 if server.started or server.should_exit else 1

@@ -24,6 +24,9 @@ from mlxd.engine.messages import ModelInfo
 
 logger = logging.getLogger(__name__)
 
+# How the load log names the layer cache kinds of admission.LayerLayout.
+_KIND_WORDS = {"full": "full attention", "window": "sliding window", "state": "recurrent state"}
+
 
 class ModelLoadError(Exception):
     """The configured model cannot be loaded; the message says why and what to do."""
@@ -156,15 +159,17 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
         cache_kinds=layout.kinds,
     )
     logger.info(
-        "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, caches %s, %s",
+        "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, KV cache layers: %s; %s",
         model_id,
         info.family,
         path,
         time.perf_counter() - started,
         context,
         weights // 2**20,
-        "/".join(layout.kinds),
-        "batchable" if capabilities.batchable else f"serial only ({capabilities.why_not})",
+        ", ".join(_KIND_WORDS.get(k, k) for k in layout.kinds),
+        "requests can share a batch"
+        if capabilities.batchable
+        else f"one request at a time, the serial lane ({capabilities.why_not})",
     )
     return LoadedModel(
         model=model,
