@@ -169,6 +169,15 @@ class ServerSettings(Section):
     log_level: Literal["debug", "info", "warning", "error"] = _field(
         "info", "live", "Log level of the daemon (the --log-level flag wins)."
     )
+    log_requests: bool = _field(
+        True, "live", "One info log line per /v1 request: route, status, lane, tokens, timings."
+    )
+    unknown_parameters: Literal["reject", "ignore"] = _field(
+        "reject",
+        "live",
+        "Unknown top-level request parameters: 400 (reject), or dropped and listed in the "
+        "X-Mlxd-Ignored-Parameters header (ignore).",
+    )
 
 
 class ModelSettings(Section):
