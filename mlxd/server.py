@@ -24,8 +24,10 @@ import uvicorn
 
 from mlxd.api.app import make_app
 from mlxd.api.metrics import install_metrics
+from mlxd.api.recent import install_recent
 from mlxd.api.state import AppState
 from mlxd.config import Settings
+from mlxd.dashboard import logtail
 from mlxd.dashboard.routes import route_handlers
 from mlxd.engine.engine import Engine
 from mlxd.listen import ListenError, bind
@@ -170,6 +172,8 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         fault_injection=faults,
     )
     install_metrics(state)
+    install_recent(state)
+    logtail.install()
     app = make_app(state, extra_route_handlers=route_handlers())
     engine.start()
     config = uvicorn.Config(

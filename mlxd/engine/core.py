@@ -29,7 +29,7 @@ from mlxd.engine.model import LoadedModel
 from mlxd.engine.prompt_cache import PromptCache
 from mlxd.engine.row import Row
 from mlxd.engine.serial import SerialRun
-from mlxd.engine.snapshot import ConfigView, Counters, ReloadEvent, Throughput
+from mlxd.engine.snapshot import ConfigView, Counters, Peaks, ReloadEvent, Throughput
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class EngineCore:
         self.drains = DrainLog()
         self.counters = Counters()
         self.throughput = Throughput()
+        self.peaks = Peaks()
         self.last_turn = "batch"
         self.waiting_for: str | None = None
         self.accepting = True
@@ -77,6 +78,19 @@ class EngineCore:
         self.avg_generated = float(settings.sampling.max_tokens)
         # Set by the engine: processes the inbox during a long serial prefill.
         self.pump: Callable[[], None] = lambda: None
+
+    def sample_peaks(self) -> None:
+        """Record the KV bytes and queue length now, for the dashboard's sparklines."""
+        kv = self._live_bytes() + (self.serial.nbytes if self.serial is not None else 0)
+        self.peaks.add(kv, len(self.pending) + len(self.serial_queue), time.time())
+
+    def memory(self) -> dict[str, int]:
+        """MLX's allocator bytes; read on the engine thread, empty before a model loads."""
+        if self.loaded is None:
+            return {}
+        from mlxd.engine.model import memory_view
+
+        return memory_view()
 
     def note_error(self, message: str) -> None:
         """Remember the latest engine error (the status bar shows it, with its time)."""

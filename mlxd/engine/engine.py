@@ -306,4 +306,5 @@ class Engine:
                 state = "failed" if core.model_status == "failed" else "starting"
             else:
                 state = "ready"
+        core.sample_peaks()
         self._snapshot = build_snapshot(core, state=state)

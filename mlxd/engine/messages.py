@@ -183,3 +183,5 @@ class ModelInfo:
     created: int
     batchable: bool
     cache_kinds: tuple[str, ...] = field(default_factory=tuple)
+    dtype: str = ""  # "float32", "bfloat16", "4-bit (group 64)"
+    weights_bytes: int = 0

@@ -157,6 +157,8 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
         created=int(time.time()),
         batchable=capabilities.batchable,
         cache_kinds=layout.kinds,
+        dtype=describe_dtype(model, config),
+        weights_bytes=weights,
     )
     logger.info(
         "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, KV cache layers: %s; %s",
@@ -180,6 +182,32 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
         weights_bytes=weights,
         key=f"{path}#{generation}",
     )
+
+
+def describe_dtype(model: Any, config: dict[str, Any]) -> str:
+    """The weights' precision: ``4-bit (group 64)`` when quantized, else the float dtype."""
+    quant = config.get("quantization") or config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("bits"):
+        return f"{quant['bits']}-bit (group {quant.get('group_size', '?')})"
+    dtypes: dict[str, int] = {}
+
+    def count(acc: int, x: Any) -> int:
+        if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.floating):
+            name = str(x.dtype).removeprefix("mlx.core.")
+            dtypes[name] = dtypes.get(name, 0) + x.nbytes
+        return acc
+
+    tree_reduce(count, model, 0)
+    return max(dtypes, key=dtypes.__getitem__) if dtypes else "unknown"
+
+
+def memory_view() -> dict[str, int]:
+    """MLX's allocator right now: active, peak (since start) and cached bytes."""
+    return {
+        "active_bytes": int(mx.get_active_memory()),
+        "peak_bytes": int(mx.get_peak_memory()),
+        "cache_bytes": int(mx.get_cache_memory()),
+    }
 
 
 def device_memory_bytes() -> int:

@@ -93,6 +93,8 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
             cache_kinds=info.cache_kinds if info else (),
             status=core.model_status,
             error=core.model_error,
+            dtype=info.dtype if info else None,
+            weights_bytes=info.weights_bytes if info else 0,
         ),
         mode="batch" if settings.batch.size > 1 else "serial",
         batch=BatchView(
@@ -125,5 +127,7 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
         last_step_at=core.last_step_wall,
         last_error=core.last_error,
         last_error_at=core.last_error_at,
+        memory=core.memory(),
+        history=core.peaks.view(wall),
         busy=core.busy,
     )
