@@ -206,8 +206,10 @@ class BatchSettings(Section):
         ge=1,
         le=256,
     )
+    # 8 = the default width: a burst that fills the batch is prefilled as one group
+    # (docs/performance.md, "Choosing prompt_concurrency").
     prompt_concurrency: int = _field(
-        4, "live", "Prompts prefilled together between two decode steps.", ge=1, le=256
+        8, "live", "Prompts prefilled together between two decode steps.", ge=1, le=256
     )
     prefill_step_size: int = _field(
         512, "live", "Prompt tokens per prefill chunk (a decode step runs between chunks).", ge=16

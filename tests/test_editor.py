@@ -34,7 +34,7 @@ ADMIN = {"X-Mlxd-Admin-Token": ADMIN_TOKEN}
 QUICK_DEFAULTS = {
     "batch.size": "2",
     "batch.kv_budget": "16MiB",
-    "batch.prompt_concurrency": "4",
+    "batch.prompt_concurrency": "8",
     "lanes.logprobs": "batch",
     "lanes.penalties": "batch",
     "lanes.logit_bias": "batch",
