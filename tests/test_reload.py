@@ -253,5 +253,20 @@ def test_model_swap_under_load_and_broken_path(tmp_path, tiny_models):
         assert d.openai().chat.completions.create(
             model=new, messages=[{"role": "user", "content": "x"}], max_tokens=2
         )
+        failed = d.stats()
+        assert failed["last_error"].startswith("model swap failed")
+        assert failed["last_error_at"] >= failed["reloads"][0]["at"] - 5
+        bar = httpx.get(f"{d.url}/dashboard/status-bar").text
+        assert "last error at <time" in bar and "model swap failed" in bar
+
+        # A later good reload clears the error; its event shows old -> new values.
+        d.write_config(config(tiny_models("llama_b"), size=2))
+        assert d.reload().json()["outcome"] == "applied"
+        cleared = d.stats()
+        assert cleared["last_error"] is None and cleared["last_error_at"] is None
+        assert cleared["reloads"][0]["values"] == [["batch.size", "4", "2"]]
+        events = httpx.get(f"{d.url}/dashboard/event-log").text
+        assert "<dt>batch.size</dt><dd>4 → 2</dd>" in events
+        assert "last error" not in httpx.get(f"{d.url}/dashboard/status-bar").text
     finally:
         d.stop()

@@ -37,6 +37,7 @@ from mlxd.engine.intake import Prepared, prepare
 from mlxd.engine.messages import Failed, GenerationRequest, ModelInfo
 from mlxd.engine.model import LoadedModel, ModelLoadError, load_model
 from mlxd.engine.snapshot import Snapshot
+from mlxd.engine.views import build_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class Engine:
         self._intake_thread = threading.Thread(
             target=self._intake_loop, name="mlxd-intake", daemon=True
         )
-        self._snapshot = self._core.snapshot(state="starting")
+        self._snapshot = build_snapshot(self._core, state="starting")
         self.model_info: ModelInfo | None = None
 
     # ------------------------------------------------------------ public API
@@ -226,7 +227,7 @@ class Engine:
             except Exception as exc:  # the loop must never die silently
                 logger.exception("engine loop error; failing in-flight requests and continuing")
                 core.counters.engine_errors += 1
-                core.last_error = f"engine loop error: {exc!r}"
+                core.note_error(f"engine loop error: {exc!r}")
                 core.abort_all(f"internal engine error: {exc}", code="generation_error", status=500)
                 time.sleep(0.05)
             self._publish()
@@ -272,7 +273,7 @@ class Engine:
             )
         except Exception as exc:
             core.model_status = previous_status if core.loaded is not None else "failed"
-            core.last_error = f"model swap failed: {exc}"
+            core.note_error(f"model swap failed: {exc}")
             raise
         core.install_model(loaded)
         core.retokenize_queued()
@@ -394,4 +395,5 @@ class Engine:
                 state = "failed" if core.model_status == "failed" else "starting"
             else:
                 state = "ready"
-        self._snapshot = core.snapshot(state=state)
+        core.sample_peaks()
+        self._snapshot = build_snapshot(core, state=state)

@@ -94,6 +94,8 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
             status=core.model_status,
             error=core.model_error,
             vocab_size=info.vocab_size if info else None,
+            dtype=info.dtype if info else None,
+            weights_bytes=info.weights_bytes if info else 0,
         ),
         mode="batch" if settings.batch.size > 1 else "serial",
         batch=BatchView(
@@ -125,5 +127,8 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
         runtime=dict(core.runtime),
         last_step_at=core.last_step_wall,
         last_error=core.last_error,
+        last_error_at=core.last_error_at,
+        memory=core.memory(),
+        history=core.peaks.view(wall),
         busy=core.busy or core.intaking > 0,
     )
