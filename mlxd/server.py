@@ -27,10 +27,13 @@ from mlxd.api.app import make_app
 from mlxd.api.guard import RequestGuard
 from mlxd.api.metrics import install_metrics
 from mlxd.api.protocol import make_protocol
+from mlxd.api.recent import install_recent
 from mlxd.api.state import AppState
 from mlxd.config import Settings
+from mlxd.dashboard import logtail
 from mlxd.dashboard.routes import route_handlers
 from mlxd.engine.engine import Engine
+from mlxd.listen import ListenError, bind
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +158,22 @@ def _log_task_error(task: asyncio.Task) -> None:
 
 
 def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
-    """Run the daemon until a signal stops it. Returns the exit code."""
+    """Run the daemon until a signal stops it. Returns the exit code.
+
+    The port is bound first: a busy port fails at once, before MLX and the
+    model load.
+    """
+    host, port = settings.server.host, settings.server.port
+    try:
+        sock = bind(host, port)
+    except ListenError as exc:
+        logger.error("%s", exc)
+        return 2
+    if config_path is not None:
+        from mlxd.dashboard.configfile import clean_stray_temps
+
+        for stray in clean_stray_temps(config_path):
+            logger.info("removed %s, left by an interrupted config write", stray)
     runtime = runtime_info()
     logger.info(
         "runtime: %s, BLAS %s%s",
@@ -201,9 +219,10 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     )
     engine.on_fatal = lambda message, code: _leave_after_loss(state, message, code)
     install_metrics(state)
+    install_recent(state)
+    logtail.install()
     app = make_app(state, extra_route_handlers=route_handlers())
     engine.start()
-    host, port = settings.server.host, settings.server.port
     config = uvicorn.Config(
         RequestGuard(app, lambda: state.settings),
         http=make_protocol(lambda: state.settings.limits.header_timeout),
@@ -217,7 +236,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     server = MlxdServer(config, state)
     warn_if_exposed(settings)
     shown = f"[{host}]" if ":" in host else host
-    logger.info("mlxd %s listening on http://%s:%d", "starting,", shown, port)
+    logger.info("mlxd listening on http://%s:%d (the model loads meanwhile)", shown, port)
     logger.info(
         "dashboard: http://%s:%d/dashboard  OpenAI base URL: http://%s:%d/v1",
         shown,
@@ -226,7 +245,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         port,
     )
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         engine.stop()
     return 0 if server.started or server.should_exit else 1

@@ -69,3 +69,22 @@ def test_quick_benchmark_writes_json_and_table(tiny_models, tmp_path: Path) -> N
     table = done.stdout
     assert "| C | mlxd tok/s | ceiling tok/s | mlxd/ceiling |" in table
     assert "\n| 4 | " in table
+
+
+def test_prompt_concurrency_sweep_runs_each_value(tiny_models, tmp_path: Path) -> None:
+    out = tmp_path / "pc.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "prompt_concurrency.py"), "--quick",
+        "--values", "1,4", "--repeats", "1", "--model", str(tiny_models("llama")),
+        "--stats-interval", "0.02", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["values"] == [1, 4] and report["concurrency"] == [1, 4]
+    for p in ("1", "4"):
+        for c in ("1", "4"):
+            (run,) = report["runs"][p][c]
+            assert run["errors"] == 0 and run["streams"] == int(c)
+            assert run["e2e_tps"] > 0 and run["ttft_p50_ms"] > 0, (p, c, run)
+    assert "\n| 4 | 4 | " in done.stdout and "\n| 1 | 1 | " in done.stdout

@@ -50,6 +50,29 @@ def test_typo_in_a_nested_key_names_the_file_and_the_key(tmp_path):
     assert "size" in text  # the known keys are listed
 
 
+def test_unknown_key_has_its_line_and_a_near_match(tmp_path):
+    text = "# comment\n[server]\nport = 9001\n\n[batch]\nsize = 2\nprompt_concurency = 2\n"
+    text += '[lanes]\nlogprobs = "serial"\n[bach]\nsize = 1\n[sampling]\nzzz = 1\n'
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, text))
+    issues = {i.key: i for i in err.value.issues}
+    typo = issues["[batch] prompt_concurency"]
+    assert typo.line == 7 and "did you mean 'prompt_concurrency'?" in typo.reason
+    assert issues["bach"].line == 10 and "did you mean 'batch'?" in issues["bach"].reason
+    far = issues["[sampling] zzz"]
+    assert far.line == 13 and "did you mean" not in far.reason  # nothing near: no guess
+    assert "line 7: [batch] prompt_concurency" in str(err.value)
+
+
+def test_wrong_type_has_its_line_even_as_a_dotted_key(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, '[server]\nport = 1\n\nbatch.size = "four"\n'))
+    assert err.value.issues[0].line == 4  # inside [server], batch.size is server.batch
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, 'model.name = "x"\nbatch.size = "four"\n'))
+    assert err.value.issues[0].line == 2
+
+
 def test_unknown_section_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="bacth: unknown section"):
         load_settings(write(tmp_path, "[bacth]\nsize = 4\n"))

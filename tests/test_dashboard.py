@@ -251,6 +251,14 @@ def test_user_supplied_text_is_escaped(anonymous: Daemon) -> None:
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, path
 
 
+def test_the_log_tail_is_for_admins_only(anonymous: Daemon, daemon: Daemon) -> None:
+    # Off loopback, anonymous read: the page shows, the log tail does not.
+    html = httpx.get(f"{anonymous.url}/dashboard/log-tail").text
+    assert "for admins" in html and 'class="log"' not in html
+    # On loopback the reader is an admin.
+    assert "for admins" not in httpx.get(f"{daemon.url}/dashboard/log-tail").text
+
+
 # ---------------------------------------------------------------- browser
 
 

@@ -8,6 +8,7 @@ history, rollback, conflicts) is tested on its own in temporary directories.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import stat
@@ -33,7 +34,7 @@ ADMIN = {"X-Mlxd-Admin-Token": ADMIN_TOKEN}
 QUICK_DEFAULTS = {
     "batch.size": "2",
     "batch.kv_budget": "16MiB",
-    "batch.prompt_concurrency": "4",
+    "batch.prompt_concurrency": "8",
     "lanes.logprobs": "batch",
     "lanes.penalties": "batch",
     "lanes.logit_bias": "batch",
@@ -55,6 +56,13 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
     d = Daemon(
         tmp_path_factory.mktemp("editor"), _config(tiny_models("llama")), args=["--host", "0.0.0.0"]
     )
+    # What a write killed between creating its temp file and renaming it leaves behind.
+    d.strays = [d.workdir / ".mlxd.toml.k1ll3d.tmp", d.workdir / ".mlxd.toml.history" / ".x.tmp"]
+    d.strays[1].parent.mkdir()
+    for stray in d.strays:
+        stray.write_text("[batch]\nsi")
+    d.keep = d.workdir / "notes.tmp"  # not ours: stays
+    d.keep.write_text("x")
     d.start()
     yield d
     d.stop()
@@ -110,6 +118,12 @@ def _outcome(r: httpx.Response) -> str:
 
 
 # ---------------------------------------------------------------- access and CSRF
+
+
+def test_stray_temp_files_are_removed_at_start(daemon: Daemon) -> None:
+    assert not any(stray.exists() for stray in daemon.strays)
+    assert daemon.keep.exists()
+    assert "left by an interrupted config write" in daemon.log()
 
 
 def test_post_without_csrf_token_is_refused(daemon: Daemon) -> None:
@@ -218,6 +232,8 @@ def test_invalid_input_changes_nothing(daemon: Daemon, case: str) -> None:
         else:
             assert named in text, text
         assert _state(daemon) == before, f"{case}: {action} changed something"
+        if action == "apply" and source == "quick":
+            assert "File diff, on disk → yours, not written" in r.text
     if case == "negative":
         assert "cannot be negative" in r.text
     # The refused apply is in the event log like any rejected reload.
@@ -237,7 +253,14 @@ def test_apply_writes_round_trips_and_rolls_back(daemon: Daemon) -> None:
     validate = editor.quick("validate", batch__size="3", batch__kv_budget="24MiB")
     assert _outcome(validate) == "valid"
     assert re.search(r"batch\.size</code></td><td><code>2</code>.*<code>3</code>", validate.text)
-    assert "comments and formatting are lost" in validate.text
+    assert "comments and formatting are kept" in validate.text
+    # The diff holds the two changed lines and nothing else.
+    diff = html.unescape(validate.text.split('data-field="diff-label"', 1)[1])
+    assert "on disk → yours (Validate writes nothing)" in diff
+    dels = re.findall(r'class="d-del">([^<]*)<', diff)
+    adds = re.findall(r'class="d-add">([^<]*)<', diff)
+    assert dels == ["-size = 2", '-kv_budget = "16MiB"'], dels
+    assert adds == ["+size = 3", '+kv_budget = "24MiB"'], adds
     assert API_KEY not in validate.text  # ...the diffs mask it
     assert daemon.config_path.read_bytes() == original
 
@@ -246,7 +269,8 @@ def test_apply_writes_round_trips_and_rolls_back(daemon: Daemon) -> None:
     assert applied.headers["hx-trigger"] == "config-applied"
     assert applied.headers["hx-retarget"] == "#config-editor"
     written = daemon.config_path.read_text()
-    assert "# written by hand" not in written  # tomli-w: comments are lost
+    assert written.startswith("# written by hand, with a comment\n")  # edited in place
+    assert "previous file → written" in applied.text
     settings = load_settings(daemon.config_path)
     assert (settings.batch.size, settings.batch.kv_budget) == (3, 24 * 1024**2)
     assert settings.server.api_keys[0].get_secret_value() == API_KEY

@@ -87,9 +87,19 @@ def test_edit_apply_conflict_and_rollback_in_a_browser(daemon: Daemon, browser) 
     _submit(page, "#config-quick button:text-is('Validate')", "valid")
     row = page.locator("#config-result tr[data-key='batch.size']")
     assert row.inner_text().split() == ["batch.size", "2", "→", "1", "live"]
-    assert "comments and formatting are lost" in page.locator("#config-result").inner_text()
+    result = page.locator("#config-result")
+    assert "comments and formatting are kept" in result.inner_text()
+    # The diff shows the one changed line, nothing else of the file.
+    assert (
+        result.locator("[data-field=diff-label]").inner_text().endswith("(Validate writes nothing)")
+    )
+    assert result.locator(".diff .d-del").all_inner_texts() == ["-size = 2"]
+    assert result.locator(".diff .d-add").all_inner_texts() == ["+size = 1"]
     assert daemon.config_path.read_text() == original
     _submit(page, "#config-quick button:text-is('Apply')", "applied")
+    # Edited in place: the hand-written comment survives, only that line changed.
+    assert daemon.config_path.read_text() == original.replace("size = 2", "size = 1")
+    assert daemon.config_path.read_text().startswith("# tuned by hand\n")
     _wait_mode(page, "serial")
     assert _field(page, "config").startswith(f"v{version + 1},")
     assert daemon.stats()["batch"]["configured"] == 1
@@ -115,6 +125,18 @@ def test_edit_apply_conflict_and_rollback_in_a_browser(daemon: Daemon, browser) 
     _submit(page, "#config-raw button:text-is('Apply')", "rejected")
     assert page.locator("#config-result [data-field=line]").inner_text() == "3"
     assert "invalid TOML" in page.locator("#config-result [data-field=reason]").inner_text()
+    assert daemon.config_path.read_text() == on_disk
+
+    # An unknown key: its line, and the near match among the section's keys.
+    page.fill("#config-text", "# mine\n[batch]\nsize = 2\nprompt_concurency = 2\n")
+    _submit(page, "#config-raw button:text-is('Apply')", "rejected")
+    result = page.locator("#config-result")
+    assert result.locator("[data-field=line]").inner_text() == "4"
+    assert result.locator("[data-field=key]").inner_text() == "[batch] prompt_concurency"
+    assert (
+        "did you mean 'prompt_concurrency'?" in result.locator("[data-field=reason]").inner_text()
+    )
+    assert result.locator("[data-field=diff-label]").inner_text().endswith("not written")
     assert daemon.config_path.read_text() == on_disk
 
     # The raw editor writes what it validated, byte for byte, comments kept.

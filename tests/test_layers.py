@@ -100,3 +100,37 @@ def test_importing_the_engine_creates_no_mlx_arrays():
         text=True,
     )
     assert int(done.stdout) == int(baseline.stdout)
+
+
+def _mlxd_imports(path: Path, modules: set[str]) -> set[str]:
+    """The mlxd modules ``path`` imports anywhere (function bodies and TYPE_CHECKING too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found & modules
+
+
+def test_no_import_cycles_between_mlxd_modules() -> None:
+    files = {
+        ".".join(f.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__"): f
+        for f in PKG.rglob("*.py")
+    }
+    graph = {m: _mlxd_imports(f, set(files)) - {m} for m, f in files.items()}
+    cycles = []
+    for start in graph:
+        # Depth-first from each module: a path back to it is a cycle.
+        stack = [(start, (start,))]
+        seen = set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(" -> ".join((*path, start)))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, (*path, nxt)))
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(cycles))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 import signal
 import threading
 import time
@@ -235,12 +236,37 @@ def test_model_swap_under_load_and_broken_path(tmp_path, tiny_models):
         assert reply.model == new
         assert d.stats()["drains"][0]["reason"] == "model_swap"
 
+        # A missing directory is refused before anything drains ...
         d.write_config(config("/no/such/model"))
+        missing = d.reload().json()
+        assert missing["reload"]["outcome"] == "rejected"
+        assert "[model] path" in missing["error"]["message"]
+        # ... and a directory that looks right but cannot load fails the swap.
+        broken_dir = tmp_path / "broken-model"
+        shutil.copytree(tiny_models("llama"), broken_dir)
+        for weights in broken_dir.glob("*.safetensors"):
+            weights.write_bytes(b"not safetensors")
+        d.write_config(config(str(broken_dir)))
         broken = d.reload().json()
         assert broken["outcome"] == "failed" and "previous model keeps serving" in broken["error"]
         assert d.model_id() == new
         assert d.openai().chat.completions.create(
             model=new, messages=[{"role": "user", "content": "x"}], max_tokens=2
         )
+        failed = d.stats()
+        assert failed["last_error"].startswith("model swap failed")
+        assert failed["last_error_at"] >= failed["reloads"][0]["at"] - 5
+        bar = httpx.get(f"{d.url}/dashboard/status-bar").text
+        assert "last error at <time" in bar and "model swap failed" in bar
+
+        # A later good reload clears the error; its event shows old -> new values.
+        d.write_config(config(tiny_models("llama_b"), size=2))
+        assert d.reload().json()["outcome"] == "applied"
+        cleared = d.stats()
+        assert cleared["last_error"] is None and cleared["last_error_at"] is None
+        assert cleared["reloads"][0]["values"] == [["batch.size", "4", "2"]]
+        events = httpx.get(f"{d.url}/dashboard/event-log").text
+        assert "<dt>batch.size</dt><dd>4 → 2</dd>" in events
+        assert "last error" not in httpx.get(f"{d.url}/dashboard/status-bar").text
     finally:
         d.stop()

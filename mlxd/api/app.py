@@ -17,6 +17,7 @@ from mlxd.api.errors import (
 )
 from mlxd.api.health import HealthController
 from mlxd.api.openai import OpenAIController
+from mlxd.api.requestlog import make_request_log
 from mlxd.api.state import AppState
 
 # The dashboard's forms (the config editor) carry a double-submit CSRF token.
@@ -54,6 +55,7 @@ def make_app(state: AppState, *, extra_route_handlers: list | None = None) -> Li
             *(extra_route_handlers or []),
         ],
         csrf_config=make_csrf_config(),
+        middleware=[make_request_log(state)],
         exception_handlers={
             OpenAIError: openai_error_handler,
             HTTPException: http_error_handler,

@@ -20,6 +20,7 @@ Both answers use the error shape of the API the request was meant for.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -69,8 +70,10 @@ class RequestGuard:
         host = _header(scope, b"host")
         # HTTP/1.1 requires Host (h11 refuses requests without one); an
         # HTTP/1.0 client without it is no browser, so nothing to rebind.
-        if host is not None and not host_allowed(host, self._settings()):
+        settings = self._settings()
+        if host is not None and not host_allowed(host, settings):
             logger.warning("refused a request for Host %s on %s", safe(host), safe(path))
+            await _drain(scope, receive, settings.limits)
             await _answer(
                 send,
                 path,
@@ -81,8 +84,10 @@ class RequestGuard:
             )
             return
         if scope.get("method") in _BODY_METHODS:
-            refusal = _body_refusal(scope, path, self._settings().limits.max_body_bytes)
+            refusal = _body_refusal(scope, path, settings.limits.max_body_bytes)
             if refusal is not None:
+                if refusal[0] != 413:
+                    await _drain(scope, receive, settings.limits)
                 await _answer(send, path, *refusal)
                 return
         await self.app(scope, receive, send)
@@ -109,6 +114,36 @@ def _body_refusal(scope: dict[str, Any], path: str, limit: int) -> tuple[int, st
     elif declared is None and _header(scope, b"transfer-encoding") is not None:
         return 411, "A request body outside /v1 must declare its Content-Length.", "length_required"
     return None
+
+
+async def _drain(scope: dict[str, Any], receive: Any, limits: Any) -> None:
+    """Read (and drop) a small body before answering early.
+
+    Closing a connection with unread request bytes makes the kernel reset it,
+    and the client then sees a broken connection instead of the answer.
+    Only bodies under ``max_body_bytes`` are drained, for at most
+    ``body_timeout`` seconds.
+    """
+    declared = _header(scope, b"content-length")
+    if declared is None or not declared.strip().isdigit():
+        return
+    left = int(declared)
+    if not 0 < left <= limits.max_body_bytes:
+        return
+    deadline = asyncio.get_running_loop().time() + limits.body_timeout
+    while left > 0:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return
+        try:
+            message = await asyncio.wait_for(receive(), remaining)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        left -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 async def _answer(send: Any, path: str, status: int, message: str, code: str) -> None:

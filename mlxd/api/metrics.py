@@ -6,7 +6,8 @@ Two sources, on purpose:
   counters, config version, uptime) is read from the engine snapshot *at
   scrape time* by :class:`SnapshotCollector`, so ``/metrics`` and ``/stats``
   can never disagree and nothing is counted twice.
-- Latency histograms (queue wait, time to first token, request duration) need
+- Latency histograms (queue wait, time to first token, inter-token latency,
+  request duration) need
   every request, not a sample: they are observed from ``Finished.timings``
   through ``AppState.observers`` when each accepted request ends. Drain
   durations are observed from the snapshot's drain ring buffer as new closed
@@ -40,6 +41,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from mlxd import __version__
+from mlxd.api.recent import inter_token_s
 from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.api.stats import NO_STORE, read_guard
 from mlxd.engine.messages import Finished
@@ -54,6 +56,7 @@ OUTCOMES = ("completed", "cancelled", "failed")
 
 QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600)
 DRAIN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -265,6 +268,12 @@ class Metrics:
         self.latency = hist(
             "mlxd_request_duration_seconds", "Arrival to the last token.", LATENCY_BUCKETS
         )
+        self.itl = hist(
+            "mlxd_inter_token_latency_seconds",
+            "Mean time between consecutive tokens of a request: "
+            "(last token - first token) / (tokens - 1).",
+            ITL_BUCKETS,
+        )
         self.drain = Histogram(
             "mlxd_drain_duration_seconds",
             "How long each closed drain paused batch admission.",
@@ -288,6 +297,9 @@ class Metrics:
         self.latency.labels(lane).observe(max(t.total_s, 0.0))
         if t.ttft_s is not None:
             self.ttft.labels(lane).observe(max(t.ttft_s, 0.0))
+        itl = inter_token_s(outcome)
+        if itl is not None:
+            self.itl.labels(lane).observe(itl)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of everything, as of now."""

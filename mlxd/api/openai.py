@@ -8,8 +8,9 @@ A client that goes away cancels its generation at the next token.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
+import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from litestar.response import Stream
 from mlxd.api.body import read_body
 from mlxd.api.errors import OpenAIError
 from mlxd.api.render import Kind, Renderer, sse_error
+from mlxd.api.requestlog import note_of
 from mlxd.api.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -35,6 +37,8 @@ from mlxd.engine.channel import RequestHandle
 from mlxd.engine.checks import IntakeError, check_request
 from mlxd.engine.lanes import LaneDecision
 from mlxd.engine.messages import Delta, Failed, Finished, GenerationRequest
+
+logger = logging.getLogger(__name__)
 
 
 def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
@@ -128,6 +132,7 @@ async def _generate(
     kind: Kind,
     stream: bool,
     include_usage: bool,
+    headers: dict[str, str] | None = None,
 ) -> Response[Any] | Stream:
     handle = state.engine.submit(gen)
     watcher = asyncio.create_task(_watch_disconnect(request, handle))
@@ -137,10 +142,17 @@ async def _generate(
             raise OpenAIError.from_failed(accepted)
         renderer = Renderer(kind, gen.id, accepted.model, logprobs=gen.logprobs)
         headers = {
+            **(headers or {}),
             "X-Mlxd-Lane": LaneDecision(accepted.lane, accepted.reason).header,
             "X-Request-Id": gen.id,
         }
-        done = functools.partial(state.observe, accepted)
+        note = note_of(request.scope)
+        note.accepted(accepted)
+
+        def done(outcome: Finished | Failed) -> None:
+            note.ended(outcome)
+            state.observe(accepted, outcome)
+
         if stream:
             watcher.cancel()  # the streaming response listens for disconnects itself
             headers["Cache-Control"] = "no-cache"
@@ -202,12 +214,32 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
     _check_accepting(state)
     schema, build = _KINDS[kind]
     body = await read_body(request, state.settings.limits.max_body_bytes)
-    req = decode(body, schema)
+    ignored: list[str] | None = [] if state.settings.server.unknown_parameters == "ignore" else None
+    req = decode(body, schema, ignored=ignored)
+    note_of(request.scope).model = req.model
+    headers = {}
+    if ignored:
+        logger.debug("%s: ignored unknown parameters %s", request.url.path, ignored)
+        headers[IGNORED_HEADER] = ignored_header(ignored)
     _check_model(state, req.model)
     gen = build(req, state.settings, faults=state.fault_injection)
     check_values(state, gen)
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-    return await _generate(request, state, gen, kind=kind, stream=req.stream, include_usage=usage)
+    return await _generate(
+        request, state, gen, kind=kind, stream=req.stream, include_usage=usage, headers=headers
+    )
+
+
+IGNORED_HEADER = "X-Mlxd-Ignored-Parameters"
+_HEADER_SAFE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def ignored_header(names: list[str], limit: int = 20) -> str:
+    """The ignored names for a response header: safe characters only, at most ``limit``."""
+    safe = sorted({n for n in names if _HEADER_SAFE.match(n)})
+    shown = safe[:limit]
+    rest = len(names) - len(shown)
+    return ", ".join(shown + ([f"({rest} more)"] if rest else []))
 
 
 def _model_json(info: Any) -> dict[str, Any]:

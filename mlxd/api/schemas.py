@@ -110,8 +110,25 @@ def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
-    """Decode and type-check a JSON body, turning every failure into a clear 400."""
+def drop_unknown(raw: dict[str, Any], kind: type[msgspec.Struct]) -> list[str]:
+    """Remove the top-level keys ``kind`` does not know from ``raw``; returns their names.
+
+    For ``[server] unknown_parameters = "ignore"``: vendor extras some clients
+    always send. Parameters mlxd knows but does not support stay (and get their
+    400); nested objects are still checked strictly.
+    """
+    unknown = [k for k in raw if k not in kind.__struct_fields__]
+    for name in unknown:
+        del raw[name]
+    return unknown
+
+
+def decode(body: bytes, kind: type[msgspec.Struct], *, ignored: list[str] | None = None) -> Any:
+    """Decode and type-check a JSON body, turning every failure into a clear 400.
+
+    With ``ignored`` (a list to fill), unknown top-level parameters are dropped
+    and their names appended to it instead of being refused.
+    """
     try:
         raw = msgspec.json.decode(body)
     except RecursionError:
@@ -128,6 +145,8 @@ def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
         )
     if not isinstance(raw, dict):
         raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if ignored is not None:
+        ignored.extend(drop_unknown(raw, kind))
     try:
         return msgspec.convert(raw, kind)
     except RecursionError:

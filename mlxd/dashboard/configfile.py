@@ -196,6 +196,34 @@ def atomic_write(path: Path, text: str, *, mode: int | None = None) -> None:
     _fsync_dir(target.parent)
 
 
+def clean_stray_temps(path: Path) -> list[Path]:
+    """Remove temp files a killed write left next to the file or in its history.
+
+    :func:`atomic_write` names them ``.<name>.<random>.tmp``; one survives only
+    when the process died between creating and renaming it. Call this at start,
+    when nothing else writes the file.
+
+    Returns:
+        The files removed.
+    """
+    target = Path(os.path.realpath(path))
+    removed = []
+    for folder, name in ((target.parent, target.name), (history_dir(path), None)):
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.endswith(".tmp"):
+                continue
+            if name is not None and not entry.startswith(f".{name}."):
+                continue
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                (folder / entry).unlink()
+                removed.append(folder / entry)
+    return removed
+
+
 def _keep(path: Path, text: str) -> Backup:
     """Copy the current version into the history, then prune it to :data:`KEEP`."""
     folder = history_dir(path)

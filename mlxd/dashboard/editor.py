@@ -15,40 +15,34 @@ file), and every form carries the CSRF token of Litestar's ``CSRFConfig``.
 from __future__ import annotations
 
 import asyncio
-import difflib
-import hmac
-import json
 import logging
-import re
 import time
 from typing import Any
 
-import tomli_w
 from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.connection import ASGIConnection
-from litestar.datastructures import Cookie
 from litestar.di import Provide
 from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
-from litestar.middleware.csrf import generate_csrf_hash, generate_csrf_token
-from litestar.utils.scope.state import ScopeState
 
 from mlxd.api.access import admin_refusal, can_admin
 from mlxd.api.admin import same_origin
 from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.api.stats import NO_STORE
-from mlxd.config import (
-    ConfigError,
-    ConfigIssue,
-    Settings,
-    dump_toml,
-    format_bytes,
-    parse_toml,
-)
+from mlxd.config import dump_toml
 from mlxd.dashboard import configfile, views
 from mlxd.dashboard.configfile import Conflict, Current
-from mlxd.dashboard.routes import environment
-from mlxd.reload import Change, ReloadResult, check, reload_from_file
+from mlxd.dashboard.csrf import csrf_token
+from mlxd.dashboard.editview import (
+    conflict_view,
+    file_diff,
+    history_rows,
+    result_view,
+    secrets_in,
+)
+from mlxd.dashboard.quick import quick_controls, quick_edit, quick_values
+from mlxd.dashboard.templating import environment
+from mlxd.reload import check, reload_from_file
 
 logger = logging.getLogger(__name__)
 
@@ -56,18 +50,6 @@ TEMPLATE = "config.html"
 MAX_FORM_BYTES = 1024 * 1024
 TRIGGER = "dashboard"
 APPLIED_EVENT = "config-applied"  # HX-Trigger: the page refreshes its status bar
-MASK = "********"
-
-# (key, label, kind, hint); kind "int", "size" or a tuple of choices.
-QUICK: tuple[tuple[str, str, Any, str], ...] = (
-    ("batch.size", "Batch size", "int", "1 runs every request serially"),
-    ("batch.kv_budget", "KV budget", "size", '"auto", or a size such as 512MiB'),
-    ("batch.prompt_concurrency", "Prompt concurrency", "int", "prompts prefilled together"),
-    ("lanes.logprobs", "logprobs", ("batch", "serial"), "lane for requests with logprobs"),
-    ("lanes.penalties", "penalties", ("batch", "serial"), "lane for sampling penalties"),
-    ("lanes.logit_bias", "logit_bias", ("batch", "serial"), "lane for requests with a logit_bias"),
-)
-_BYTE_KEYS = {"batch.kv_budget", "prompt_cache.max_bytes", "limits.max_body_bytes"}
 
 
 class EditorRefused(Exception):
@@ -84,201 +66,6 @@ def editor_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         raise EditorRefused(status, admin_refusal(settings))
     if connection.method not in ("GET", "HEAD") and not same_origin(connection):
         raise EditorRefused(403, "cross-site requests to the editor are refused")
-
-
-# ---------------------------------------------------------------- views
-
-
-def show(key: str, value: Any) -> str:
-    """A value as the diff shows it (secrets are already masked by the reload diff)."""
-    if value is None:
-        return "unset"
-    if key in _BYTE_KEYS and isinstance(value, int) and not isinstance(value, bool):
-        return _size(value)
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, default=str)
-
-
-def _size(n: int) -> str:
-    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n and n % factor == 0:
-            return f"{n // factor}{unit}"
-    return f"{n} B ({format_bytes(n)})" if n >= 1024 else f"{n} B"
-
-
-def change_rows(changes: list[Change]) -> list[dict[str, str]]:
-    return [
-        {"key": c.key, "old": show(c.key, c.old), "new": show(c.key, c.new), "reload": c.reload}
-        for c in changes
-    ]
-
-
-def issue_rows(issues: list[ConfigIssue], source: str) -> list[dict[str, Any]]:
-    return [
-        {"file": source, "line": i.line or "", "key": i.key or "—", "reason": i.reason}
-        for i in issues
-    ]
-
-
-def secrets_in(*texts: str) -> list[str]:
-    """The API keys and admin tokens written in these TOML texts, longest first."""
-    found: set[str] = set()
-    for text in texts:
-        try:
-            server = parse_toml(text, "").get("server", {})
-        except ConfigError:
-            continue
-        keys = server.get("api_keys", [])
-        values = [*keys] if isinstance(keys, list) else []
-        values.append(server.get("admin_token"))
-        found.update(v for v in values if isinstance(v, str) and v)
-    return sorted(found, key=len, reverse=True)
-
-
-def masked(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, MASK)
-    return text
-
-
-def file_diff(old: str, new: str, secrets: list[str]) -> list[dict[str, str]]:
-    """A unified diff of two versions of the file, one row per line, secrets masked."""
-    lines = difflib.unified_diff(
-        old.splitlines(), new.splitlines(), "on disk", "yours", n=2, lineterm=""
-    )
-    rows = []
-    for line in list(lines)[2:]:
-        kind = {"+": "add", "-": "del", "@": "hunk"}.get(line[:1], "same")
-        rows.append({"kind": kind, "text": masked(line, secrets)})
-    return rows
-
-
-def quick_values(settings: Settings) -> dict[str, str]:
-    """What each quick control shows for these settings."""
-    dumped = settings.model_dump(mode="json")
-    out = {}
-    for key, *_ in QUICK:
-        section, name = key.split(".")
-        out[key] = str(dumped[section][name])
-    return out
-
-
-def quick_controls(values: dict[str, str] | None) -> list[dict[str, Any]]:
-    return [
-        {
-            "key": key,
-            "id": "q-" + key.replace(".", "-"),
-            "label": label,
-            "hint": hint,
-            "kind": kind if isinstance(kind, str) else "choice",
-            "choices": kind if isinstance(kind, tuple) else (),
-            "value": (values or {}).get(key, ""),
-        }
-        for key, label, kind, hint in QUICK
-    ]
-
-
-def _typed(kind: Any, raw: str) -> Any:
-    """An integer where one is meant; anything else stays text for validation to judge."""
-    raw = raw.strip()
-    return int(raw) if kind in ("int", "size") and re.fullmatch(r"-?\d+", raw) else raw
-
-
-def quick_edit(
-    text: str, submitted: dict[str, str], shown: dict[str, str]
-) -> tuple[str, list[str]]:
-    """``text`` with the quick controls that differ from what was shown written in.
-
-    Only those keys change in the parsed file; everything else is kept, but
-    tomli-w drops comments and formatting. ``text`` must be a valid config.
-    """
-    data = parse_toml(text, "")
-    changed = []
-    for key, _, kind, _ in QUICK:
-        raw = submitted.get(key)
-        if raw is None or raw.strip() == shown.get(key):
-            continue
-        section, name = key.split(".")
-        data.setdefault(section, {})[name] = _typed(kind, raw)
-        changed.append(key)
-    return (tomli_w.dumps(data) if changed else text), changed
-
-
-def history_rows(
-    backups: list[configfile.Backup], current: str, now: float
-) -> list[dict[str, Any]]:
-    rows = []
-    for b in backups:
-        try:
-            text = b.path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        secrets = secrets_in(text, current)
-        rows.append(
-            {
-                "name": b.name,
-                "replaced": views.clock(b.replaced_at),
-                "replaced_iso": views.iso(b.replaced_at),
-                "replaced_ago": views.ago(b.replaced_at, now),
-                "written": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b.written_at)),
-                "size": views.human_bytes(b.size),
-                "same": text == current,
-                "diff": file_diff(current, text, secrets),
-            }
-        )
-    return rows
-
-
-TITLES = {
-    "valid": "Valid: Apply would make these changes",
-    "unchanged": "Nothing to change",
-    "applied": "Applied",
-    "restart_required": "Written; the changes need a restart",
-    "rejected": "Invalid: nothing was written",
-    "failed": "Written, but the reload failed",
-    "partial": "Written; applied in part",
-    "conflict": "The file changed on disk since you loaded it: nothing was written",
-    "error": "Nothing was written",
-}
-
-
-def result_view(
-    action: str,
-    outcome: str,
-    *,
-    reload: ReloadResult | None = None,
-    source: str = "",
-    diff: list[dict[str, str]] | None = None,
-    conflict: dict[str, Any] | None = None,
-    message: str | None = None,
-    note: str = "",
-) -> dict[str, Any]:
-    r = reload
-    return {
-        "action": action,
-        "outcome": outcome,
-        "title": TITLES.get(outcome, outcome),
-        "changes": change_rows(r.changes) if r else [],
-        "issues": issue_rows(r.issues, source) if r else [],
-        "restart_required": r.restart_required if r else [],
-        "error": message or (r.error if r else None),
-        "version": r.version if r and r.applied else None,
-        "diff": diff or [],
-        "conflict": conflict,
-        "note": note,
-    }
-
-
-def conflict_view(yours: str, disk: Current, label: str = "Yours") -> dict[str, Any]:
-    secrets = secrets_in(yours, disk.text)
-    return {
-        "label": label,
-        "disk": masked(disk.text, secrets) if disk.exists else "(the file is gone)",
-        "yours": masked(yours, secrets),
-        "diff": file_diff(disk.text, yours, secrets),
-        "sha256": disk.sha256,
-    }
 
 
 # ---------------------------------------------------------------- rendering
@@ -303,36 +90,6 @@ def _page(request: Request, context: dict[str, Any], status: int = 200, **kw: An
     if cookie is not None:
         response.set_cookie(cookie)
     return response
-
-
-def csrf_token(request: Request) -> tuple[str, Cookie | None]:
-    """The CSRF token to embed, and a cookie to set when the browser's one is stale.
-
-    Litestar's middleware keeps whatever cookie the browser sends; one signed
-    by a previous process (the secret is per process) would fail every form
-    after a restart, so the page replaces it.
-    """
-    config = request.app.csrf_config
-    if config is None:
-        return "", None
-    token = ScopeState.from_scope(request.scope).csrf_token
-    if isinstance(token, str) and len(token) > 64:
-        expected = generate_csrf_hash(token[:64], config.secret)
-        if hmac.compare_digest(token[64:], expected):
-            return token, None
-    token = generate_csrf_token(config.secret)
-    if request.method != "GET":
-        return token, None  # a refusal: no form on it, and the browser's cookie stays
-    cookie = Cookie(
-        key=config.cookie_name,
-        value=token,
-        path=config.cookie_path,
-        secure=config.cookie_secure,
-        httponly=config.cookie_httponly,
-        samesite=config.cookie_samesite,
-        domain=config.cookie_domain,
-    )
-    return token, cookie
 
 
 def _refusal(request: Request, status: int, message: str) -> Response[str]:
@@ -423,8 +180,8 @@ def _wanted(action: str, form: dict[str, str], mlxd: AppState, current: Current)
     if not changed:
         return text, "No quick control was changed."
     return text, (
-        f"Quick controls changed {', '.join(changed)}; the file is rewritten by tomli-w, "
-        "so its comments and formatting are lost (the raw editor keeps them)."
+        f"Quick controls changed {', '.join(changed)}; only their lines of the file change, "
+        "its comments and formatting are kept."
     )
 
 

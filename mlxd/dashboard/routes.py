@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hmac
 import time
-from functools import cache
+from dataclasses import asdict
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
-from litestar import Controller, MediaType, Request, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
 from litestar.di import Provide
@@ -25,34 +24,28 @@ from litestar.params import QueryParameter
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
-from mlxd.api.access import COOKIE, can_read, cookie_value, exposure_warning, is_loopback
+from mlxd.api.access import (
+    COOKIE,
+    can_admin,
+    can_read,
+    cookie_value,
+    exposure_warning,
+    is_loopback,
+)
 from mlxd.api.body import read_body
 from mlxd.api.metrics import MetricsController
-from mlxd.api.state import Mlxd, provide_app_state
+from mlxd.api.recent import install_recent
+from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.api.stats import NO_STORE, StatsController
 from mlxd.config import Settings
-from mlxd.dashboard import views
-from mlxd.paths import static_dir, templates_dir
+from mlxd.dashboard import logtail, procmem, views
+from mlxd.dashboard.editor import EditorController
+from mlxd.dashboard.templating import render
+from mlxd.paths import static_dir
 
 LOGIN_PATH = "/dashboard/login"
 LOGIN_MAX_BODY = 4096
 COOKIE_MAX_AGE = 7 * 24 * 3600
-
-
-@cache
-def environment() -> Environment:
-    """The Jinja2 environment of ``templates/``; autoescape is on for everything."""
-    return Environment(
-        loader=FileSystemLoader(templates_dir()),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-
-
-def render(template: str, status_code: int = 200, **context: Any) -> Response[str]:
-    html = environment().get_template(template).render(**context)
-    return Response(html, status_code=status_code, media_type=MediaType.HTML, headers=NO_STORE)
 
 
 # ---------------------------------------------------------------- access
@@ -101,6 +94,19 @@ def _login_page(
 # ---------------------------------------------------------------- controllers
 
 
+def _state(request: Request, mlxd: AppState) -> tuple[dict[str, Any], float]:
+    """The snapshot as a dict, plus what the HTTP side knows: recent latency, the
+    process's memory and, for admins only, the log tail."""
+    now = time.time()
+    snapshot = mlxd.engine.snapshot().as_dict(now)
+    snapshot["latency"] = install_recent(mlxd).view(now)
+    rss_bytes, rss_label = procmem.rss()
+    snapshot["process"] = {"rss_bytes": rss_bytes, "rss_label": rss_label}
+    admin = can_admin(request, mlxd.settings)
+    snapshot["log_tail"] = [asdict(e) for e in logtail.TAIL.entries()] if admin else None
+    return snapshot, now
+
+
 class DashboardController(Controller):
     path = "/dashboard"
     guards = [dashboard_guard]
@@ -108,10 +114,9 @@ class DashboardController(Controller):
     exception_handlers = {LoginRequired: _to_login}
 
     @get("/")
-    async def page(self, mlxd: Mlxd) -> Response[str]:
+    async def page(self, request: Request, mlxd: Mlxd) -> Response[str]:
         """The whole dashboard: every region rendered once, each then polls itself."""
-        now = time.time()
-        snapshot = mlxd.engine.snapshot().as_dict(now)
+        snapshot, now = _state(request, mlxd)
         return render(
             "dashboard.html",
             regions=views.page_view(snapshot, now),
@@ -122,8 +127,7 @@ class DashboardController(Controller):
     async def region(self, request: Request, mlxd: Mlxd) -> Response[str]:
         """One region's partial: its root element, ready to replace itself (outerHTML)."""
         region = request.url.path.rstrip("/").rsplit("/", 1)[-1]
-        now = time.time()
-        snapshot = mlxd.engine.snapshot().as_dict(now)
+        snapshot, now = _state(request, mlxd)
         return render(f"partials/{region}.html", v=views.region_view(region, snapshot, now))
 
 
@@ -171,9 +175,6 @@ async def root() -> Redirect:
 
 def route_handlers() -> list:
     """Everything mlxd serves besides the OpenAI API and health checks."""
-    # Imported here: the editor renders with this module's environment().
-    from mlxd.dashboard.editor import EditorController
-
     static = create_static_files_router(
         path="/static", directories=[static_dir()], name="static", include_in_schema=False
     )

@@ -143,6 +143,9 @@ def status_bar(s: dict[str, Any], now: float) -> View:
         "blas": blas,
         "blas_optimized": bool(runtime.get("blas_optimized")),
         "last_error": s["last_error"],
+        "last_error_at": clock(s.get("last_error_at")),
+        "last_error_iso": iso(s.get("last_error_at")),
+        "last_error_ago": ago(s.get("last_error_at"), now),
     }
 
 
@@ -199,9 +202,17 @@ def active_rows(s: dict[str, Any], now: float) -> View:
             }
         )
     b = s["batch"]
+    batched = sum(1 for r in s["rows"] if r["lane"] == "batch")
     return {
         "rows": rows,
         "summary": f"{b['active_rows']} running of {b['configured']}",
+        "over_width": (
+            f"The batch width was lowered to {b['configured']}: the {batched} batch rows "
+            f"already running finish first, and no new row starts until fewer than "
+            f"{b['configured']} run."
+            if batched > b["configured"]
+            else None
+        ),
         "prefilling": b["prefilling_rows"],
         "peak": b["max_active_rows_seen"],
     }
@@ -245,7 +256,10 @@ def _drain_event(d: dict[str, Any], now: float) -> View:
 
 def _reload_event(r: dict[str, Any], now: float) -> View:
     details = [("config version", str(r["version"]))]
-    if r["changed"]:
+    values = r.get("values") or ()
+    if values:
+        details += [(key, f"{old} → {new}") for key, old, new in values]
+    elif r["changed"]:
         details.append(("changed", ", ".join(r["changed"])))
     if r["restart_required"]:
         details.append(("needs restart", ", ".join(r["restart_required"])))
@@ -315,7 +329,119 @@ def throughput(s: dict[str, Any], now: float) -> View:
         "start": f"-{duration(window_s)}",
         "bucket": f"{t['bucket_s']:g} s buckets",
         "last_minute": rate(t["last_minute_tps"]),
+        # The headline: what the running rows generate right now, so it does not
+        # wait for requests to finish (each row's rate since its first token).
+        "now": rate(sum(r["tokens_per_s"] for r in s["rows"] if r["phase"] == "decode")),
+        "decoding": sum(1 for r in s["rows"] if r["phase"] == "decode"),
         "latest": rate(series[-1]) if series else "0.0",
+    }
+
+
+def span(seconds: float) -> str:
+    """A window's length: ``5 min`` when whole minutes, else a :func:`duration`."""
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return duration(seconds)
+
+
+def ms(seconds: float | None) -> str:
+    """Milliseconds for latencies: ``42 ms``, ``1,250 ms``; an em dash for none."""
+    return "—" if seconds is None else f"{seconds * 1000:,.0f} ms"
+
+
+def memory(s: dict[str, Any], now: float) -> View:
+    m, model, b = s.get("memory") or {}, s["model"], s["batch"]
+    proc = s.get("process") or {}
+    return {
+        "rss": human_bytes(proc.get("rss_bytes")),
+        "rss_label": proc.get("rss_label") or "RSS",
+        "active": human_bytes(m.get("active_bytes")),
+        "peak": human_bytes(m.get("peak_bytes")),
+        "cache": human_bytes(m.get("cache_bytes")),
+        "weights": human_bytes(model.get("weights_bytes") or None),
+        "dtype": model.get("dtype") or "—",
+        "kv": human_bytes(b["kv_bytes"]),
+        "kv_budget": human_bytes(b["kv_budget_bytes"]),
+        "active_width": bar_width(m.get("active_bytes", 0), m.get("peak_bytes", 0)),
+    }
+
+
+def latency(s: dict[str, Any], now: float) -> View:
+    lat = s.get("latency") or {}
+    rows = [
+        ("time to first token", "ttft"),
+        ("end to end", "e2e"),
+        ("inter-token", "itl"),
+    ]
+    return {
+        "rows": [
+            {
+                "label": label,
+                "key": key,
+                "p50": ms(lat.get(f"{key}_p50_s")),
+                "p95": ms(lat.get(f"{key}_p95_s")),
+            }
+            for label, key in rows
+        ],
+        "requests": count(lat.get("requests", 0)),
+        "window": span(lat.get("window_s", 0)),
+    }
+
+
+SPARK_W = 300.0
+SPARK_H = 40.0
+
+
+def sparkline(values: list[float]) -> dict[str, str]:
+    """SVG points for a small line chart of ``values`` (oldest first), scaled to its max."""
+    top = max(values, default=0) or 1
+    n = len(values)
+    step = SPARK_W / (n - 1) if n > 1 else SPARK_W
+    points = " ".join(
+        f"{i * step:.1f},{SPARK_H - SPARK_H * min(v / top, 1.0):.1f}" for i, v in enumerate(values)
+    )
+    return {"points": points, "area": f"0,{SPARK_H:g} {points} {SPARK_W:g},{SPARK_H:g}"}
+
+
+def history(s: dict[str, Any], now: float) -> View:
+    h, t = s.get("history") or {}, s["throughput"]
+    kv, waiting = list(h.get("kv_bytes") or []), list(h.get("waiting") or [])
+    tps = list(t["series"])
+    window = span(len(tps) * t["bucket_s"])
+    lines = [
+        ("kv", "KV bytes", kv, human_bytes(kv[-1] if kv else 0), human_bytes(max(kv, default=0))),
+        ("queue", "waiting", waiting, count(waiting[-1] if waiting else 0),
+         count(max(waiting, default=0))),
+        ("tps", "tok/s", tps, rate(tps[-1] if tps else 0.0), rate(max(tps, default=0.0))),
+    ]  # fmt: skip
+    return {
+        "width": f"{SPARK_W:g}",
+        "height": f"{SPARK_H:g}",
+        "window": window,
+        "lines": [
+            {"key": key, "label": label, "now": now_text, "max": top, **sparkline(values)}
+            for key, label, values, now_text, top in lines
+        ],
+    }
+
+
+def log_tail(s: dict[str, Any], now: float) -> View:
+    entries = s.get("log_tail")
+    if entries is None:
+        return {"admin": False, "entries": []}
+    return {
+        "admin": True,
+        "entries": [
+            {
+                "when": clock(e["at"]),
+                "when_iso": iso(e["at"]),
+                "ago": ago(e["at"], now),
+                "level": e["level"].lower(),
+                "logger": e["logger"],
+                "message": e["message"],
+            }
+            for e in entries
+        ],
     }
 
 
@@ -356,11 +482,15 @@ def counters(s: dict[str, Any], now: float) -> View:
 REGIONS: dict[str, Callable[[dict[str, Any], float], View]] = {
     "status-bar": status_bar,
     "kv-gauge": kv_gauge,
+    "memory": memory,
     "throughput": throughput,
+    "latency": latency,
+    "history": history,
     "active-rows": active_rows,
     "pending-queue": pending_queue,
     "event-log": event_log,
     "counters": counters,
+    "log-tail": log_tail,
     "cluster": cluster,
 }
 

@@ -29,8 +29,7 @@ from mlxd.engine.model import LoadedModel
 from mlxd.engine.prompt_cache import PromptCache
 from mlxd.engine.row import Row
 from mlxd.engine.serial import SerialRun
-from mlxd.engine.snapshot import ConfigView, Counters, ReloadEvent, Throughput
-from mlxd.engine.views import build_snapshot
+from mlxd.engine.snapshot import ConfigView, Counters, Peaks, ReloadEvent, Throughput
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +65,7 @@ class EngineCore:
         self.drains = DrainLog()
         self.counters = Counters()
         self.throughput = Throughput()
+        self.peaks = Peaks()
         self.last_turn = "batch"
         self.waiting_for: str | None = None
         self.accepting = True
@@ -76,6 +76,7 @@ class EngineCore:
         self.max_kv_seen = 0
         self.last_step_wall = time.time()
         self.last_error: str | None = None
+        self.last_error_at: float | None = None
         self.avg_generated = float(settings.sampling.max_tokens)
         # Set by the engine: processes the inbox during a long serial prefill.
         self.pump: Callable[[], None] = lambda: None
@@ -83,6 +84,23 @@ class EngineCore:
         # that broadcast each step (mlxd.engine.leader).
         self.batch_factory: Callable[..., BatchLane] = BatchLane
         self.serial_factory: Callable[..., SerialRun] = SerialRun
+
+    def sample_peaks(self) -> None:
+        """Record the KV bytes and queue length now, for the dashboard's sparklines."""
+        kv = self._live_bytes() + (self.serial.nbytes if self.serial is not None else 0)
+        self.peaks.add(kv, len(self.pending) + len(self.serial_queue), time.time())
+
+    def memory(self) -> dict[str, int]:
+        """MLX's allocator bytes; read on the engine thread, empty before a model loads."""
+        if self.loaded is None:
+            return {}
+        from mlxd.engine.model import memory_view
+
+        return memory_view()
+
+    def note_error(self, message: str) -> None:
+        """Remember the latest engine error (the status bar shows it, with its time)."""
+        self.last_error, self.last_error_at = message, time.time()
 
     # ------------------------------------------------------------ model
 
@@ -437,7 +455,7 @@ class EngineCore:
     def _batch_failed(self, exc: Exception) -> None:
         logger.exception("the batched step failed; failing its rows and rebuilding the batch")
         self.counters.engine_errors += 1
-        self.last_error = f"batched step failed: {exc!r}"
+        self.note_error(f"batched step failed: {exc!r}")
         assert self.batch is not None
         for row in self.batch.reset(self.settings.batch):
             self._fail(row, f"the batched forward failed ({exc}); the engine recovered")
@@ -531,7 +549,3 @@ class EngineCore:
         self.serial = None
         self.loaded = None
         self.prompt_cache.clear()
-
-    def snapshot(self, **kw: Any):
-        """Build the immutable view of this state (see :mod:`mlxd.engine.views`)."""
-        return build_snapshot(self, **kw)

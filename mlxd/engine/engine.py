@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import logging
+import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -37,6 +40,7 @@ from mlxd.engine.messages import Failed, GenerationRequest, ModelInfo
 from mlxd.engine.model import LoadedModel, ModelLoadError, load_model
 from mlxd.engine.shard import ClusterError
 from mlxd.engine.snapshot import Snapshot
+from mlxd.engine.views import build_snapshot
 
 if TYPE_CHECKING:
     from mlxd.engine.leader import Leader
@@ -99,6 +103,19 @@ def _forget_engine_thread_arrays() -> None:
     gc.collect()
 
 
+def _lower_this_threads_priority() -> None:
+    """On Linux, let the engine thread win the CPU over tokenizing (a per-thread nice).
+
+    On a machine with few cores, a long prompt being tokenized would
+    otherwise slow every running stream's steps.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    # Not permitted somewhere? Then tokenizing just competes as usual.
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
 class Engine:
     """Owns the model on one thread; see the module docstring.
 
@@ -158,7 +175,7 @@ class Engine:
         self._intake_thread = threading.Thread(
             target=self._intake_loop, name="mlxd-intake", daemon=True
         )
-        self._snapshot = self._core.snapshot(state="starting")
+        self._snapshot = build_snapshot(self._core, state="starting")
         self.model_info: ModelInfo | None = None
 
     # ------------------------------------------------------------ public API
@@ -255,7 +272,7 @@ class Engine:
             except Exception as exc:  # the loop must never die silently
                 logger.exception("engine loop error; failing in-flight requests and continuing")
                 core.counters.engine_errors += 1
-                core.last_error = f"engine loop error: {exc!r}"
+                core.note_error(f"engine loop error: {exc!r}")
                 core.abort_all(f"internal engine error: {exc}", code="generation_error", status=500)
                 time.sleep(0.05)
             self._publish()
@@ -357,7 +374,7 @@ class Engine:
             loaded = self._load(model)
         except Exception as exc:
             core.model_status = previous_status if core.loaded is not None else "failed"
-            core.last_error = f"model swap failed: {exc}"
+            core.note_error(f"model swap failed: {exc}")
             raise
         core.install_model(loaded)
         core.retokenize_queued()
@@ -427,6 +444,7 @@ class Engine:
 
     def _intake_loop(self) -> None:
         """The intake thread: tokenize and check requests, hand them back."""
+        _lower_this_threads_priority()
         while True:
             job = self._intake_jobs.get()
             if job is None:
@@ -480,12 +498,13 @@ class Engine:
                 state = "failed" if core.model_status == "failed" else "starting"
             else:
                 state = "ready"
+        core.sample_peaks()
         cluster = self._cluster
         if cluster is None:
-            self._snapshot = core.snapshot(state=state)
+            self._snapshot = build_snapshot(core, state=state)
             return
         if cluster.state == "peer_lost":
             state = "peer_lost"
         elif cluster.state != "ready":
             state = "starting"
-        self._snapshot = core.snapshot(state=state, cluster=cluster.view())
+        self._snapshot = build_snapshot(core, state=state, cluster=cluster.view())

@@ -189,3 +189,5 @@ class ModelInfo:
     vocab_size: int = 0
     # Most characters one token stands for; 0 when unknown (no cheap bound).
     max_token_chars: int = 0
+    dtype: str = ""  # "float32", "bfloat16", "4-bit (group 64)"
+    weights_bytes: int = 0

@@ -25,6 +25,9 @@ from mlxd.engine.messages import ModelInfo
 
 logger = logging.getLogger(__name__)
 
+# How the load log names the layer cache kinds of admission.LayerLayout.
+_KIND_WORDS = {"full": "full attention", "window": "sliding window", "state": "recurrent state"}
+
 
 class ModelLoadError(Exception):
     """The configured model cannot be loaded; the message says why and what to do."""
@@ -190,17 +193,21 @@ def load_model(
         cache_kinds=layout.kinds,
         vocab_size=vocab,
         max_token_chars=max_token_chars(tokenizer),
+        dtype=describe_dtype(model, config),
+        weights_bytes=weights,
     )
     logger.info(
-        "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, caches %s, %s",
+        "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, KV cache layers: %s; %s",
         model_id,
         info.family,
         path,
         time.perf_counter() - started,
         context,
         weights // 2**20,
-        "/".join(layout.kinds),
-        "batchable" if capabilities.batchable else f"serial only ({capabilities.why_not})",
+        ", ".join(_KIND_WORDS.get(k, k) for k in layout.kinds),
+        "requests can share a batch"
+        if capabilities.batchable
+        else f"one request at a time, the serial lane ({capabilities.why_not})",
     )
     return LoadedModel(
         model=model,
@@ -211,6 +218,32 @@ def load_model(
         weights_bytes=weights,
         key=f"{path}#{generation}",
     )
+
+
+def describe_dtype(model: Any, config: dict[str, Any]) -> str:
+    """The weights' precision: ``4-bit (group 64)`` when quantized, else the float dtype."""
+    quant = config.get("quantization") or config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("bits"):
+        return f"{quant['bits']}-bit (group {quant.get('group_size', '?')})"
+    dtypes: dict[str, int] = {}
+
+    def count(acc: int, x: Any) -> int:
+        if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.floating):
+            name = str(x.dtype).removeprefix("mlx.core.")
+            dtypes[name] = dtypes.get(name, 0) + x.nbytes
+        return acc
+
+    tree_reduce(count, model, 0)
+    return max(dtypes, key=dtypes.__getitem__) if dtypes else "unknown"
+
+
+def memory_view() -> dict[str, int]:
+    """MLX's allocator right now: active, peak (since start) and cached bytes."""
+    return {
+        "active_bytes": int(mx.get_active_memory()),
+        "peak_bytes": int(mx.get_peak_memory()),
+        "cache_bytes": int(mx.get_cache_memory()),
+    }
 
 
 def device_memory_bytes() -> int:

@@ -26,6 +26,8 @@ class ModelView:
     status: str  # "loading" | "ready" | "failed" | "swapping"
     error: str | None = None
     vocab_size: int | None = None
+    dtype: str | None = None
+    weights_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class ReloadEvent:
     restart_required: tuple[str, ...] = ()
     error: str | None = None
     version: int = 0
+    # (key, old, new) as text, secrets masked: what the event log shows.
+    values: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,11 @@ class Snapshot:
     last_step_at: float
     last_error: str | None = None
     busy: bool = False
+    last_error_at: float | None = None
+    # MLX allocator bytes (active, peak, cache) as of this snapshot; {} before the model.
+    memory: dict[str, int] = field(default_factory=dict)
+    # Per time bucket: the most KV bytes and waiting requests seen (sparklines).
+    history: dict[str, Any] = field(default_factory=dict)
     # The cluster section (docs/cluster.md); None on a single machine.
     cluster: dict[str, Any] | None = None
 
@@ -173,6 +182,34 @@ class Throughput:
             "bucket_s": self.bucket_s,
             "series": series,
             "last_minute_tps": round(last_minute, 2),
+        }
+
+
+class Peaks:
+    """The largest KV bytes and queue length seen per time bucket, for the last few minutes."""
+
+    def __init__(self, bucket_s: float = 5.0, buckets: int = 60):
+        self.bucket_s = bucket_s
+        self._size = buckets
+        self._buckets: deque[tuple[int, int, int]] = deque(maxlen=buckets)
+
+    def add(self, kv_bytes: int, waiting: int, now: float) -> None:
+        key = int(now // self.bucket_s)
+        if self._buckets and self._buckets[-1][0] == key:
+            _, kv, queue = self._buckets[-1]
+            self._buckets[-1] = (key, max(kv, kv_bytes), max(queue, waiting))
+        else:
+            self._buckets.append((key, kv_bytes, waiting))
+
+    def view(self, now: float) -> dict[str, Any]:
+        """Oldest first, ending with the current bucket; 0 where nothing was seen."""
+        current = int(now // self.bucket_s)
+        seen = {key: (kv, queue) for key, kv, queue in self._buckets}
+        keys = range(current - self._size + 1, current + 1)
+        return {
+            "bucket_s": self.bucket_s,
+            "kv_bytes": [seen.get(k, (0, 0))[0] for k in keys],
+            "waiting": [seen.get(k, (0, 0))[1] for k in keys],
         }
 
 

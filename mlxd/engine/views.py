@@ -96,6 +96,8 @@ def build_snapshot(
             status=core.model_status,
             error=core.model_error,
             vocab_size=info.vocab_size if info else None,
+            dtype=info.dtype if info else None,
+            weights_bytes=info.weights_bytes if info else 0,
         ),
         mode="batch" if settings.batch.size > 1 else "serial",
         batch=BatchView(
@@ -127,6 +129,9 @@ def build_snapshot(
         runtime=dict(core.runtime),
         last_step_at=core.last_step_wall,
         last_error=core.last_error,
+        last_error_at=core.last_error_at,
+        memory=core.memory(),
+        history=core.peaks.view(wall),
         busy=core.busy or core.intaking > 0,
         cluster=cluster,
     )

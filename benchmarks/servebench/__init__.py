@@ -1,0 +1,1 @@
+"""The pieces of ``benchmarks/serving.py``, one idea per module."""

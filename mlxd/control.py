@@ -1,0 +1,170 @@
+"""``mlxd reload`` and ``mlxd status``: talk to the daemon a config file names.
+
+The daemon is found by the config's ``[server] host`` and ``port`` (flags and
+``MLXD_*`` variables win, as for ``mlxd serve``), and asked through its admin
+API with the config's admin token when one is set. Nothing is signalled, so
+only that daemon is touched, never every mlxd on the machine.
+
+Standard library only (``urllib``): this runs without the web stack loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxd.config import ConfigError, load_settings, parse_toml
+
+TIMEOUT_S = 130.0  # a reload that swaps the model may take a while
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the daemon listens, and how to authenticate to its admin API."""
+
+    url: str
+    token: str | None
+    note: str = ""  # why the config could not be used as a whole, if it could not
+
+
+def _client_host(host: str) -> str:
+    # A daemon bound to every address is reached on loopback.
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def find_target(path: Path | None, *, host: str | None = None, port: int | None = None) -> Target:
+    """The daemon's URL and admin token, from the config at ``path`` and the flags.
+
+    An invalid config (someone is editing it) still names its ``[server]``
+    host, port and token as long as it is valid TOML; the daemon then says
+    what is wrong with the rest.
+    """
+    overrides = {"server": {k: v for k, v in (("host", host), ("port", port)) if v is not None}}
+    note = ""
+    try:
+        server = load_settings(path, overrides=overrides).server
+        h, p = server.host, server.port
+        token = server.admin_token.get_secret_value() if server.admin_token else None
+    except ConfigError as exc:
+        note = f"the config is invalid ({'; '.join(map(str, exc.issues))})"
+        raw: dict[str, Any] = {}
+        if path is not None:
+            try:
+                raw = parse_toml(Path(path).read_text(encoding="utf-8"), str(path)).get(
+                    "server", {}
+                )
+            except (ConfigError, OSError, UnicodeDecodeError):
+                raw = {}
+        defaults = load_settings(None, overrides=overrides).server
+        h = host or str(raw.get("host") or defaults.host)
+        p = port or int(raw.get("port") or defaults.port)
+        token = raw.get("admin_token") if isinstance(raw.get("admin_token"), str) else None
+    h = _client_host(h)
+    shown = f"[{h}]" if ":" in h else h
+    return Target(f"http://{shown}:{p}", token or None, note)
+
+
+class Unreachable(Exception):
+    """No daemon answered at the target URL."""
+
+
+def call(target: Target, method: str, route: str) -> tuple[int, dict[str, Any]]:
+    """One admin request; returns (status, JSON body). Raises :class:`Unreachable`."""
+    request = urllib.request.Request(
+        target.url + route, method=method, data=b"" if method == "POST" else None
+    )
+    if target.token:
+        request.add_header("X-Mlxd-Admin-Token", target.token)
+    request.add_header("Accept", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {"error": {"message": f"HTTP {exc.code}"}}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise Unreachable(f"no mlxd answers at {target.url} ({reason})") from None
+
+
+def message(body: dict[str, Any]) -> str:
+    error = body.get("error")
+    return error.get("message", str(error)) if isinstance(error, dict) else str(error or body)
+
+
+# ---------------------------------------------------------------- reload
+
+
+def reload_lines(status: int, body: dict[str, Any]) -> tuple[list[str], int]:
+    """What ``mlxd reload`` prints for the daemon's answer, and its exit code."""
+    result = body.get("reload", body) if status == 400 else body
+    if status not in (200, 400) or "outcome" not in result:
+        return [f"reload refused (HTTP {status}): {message(body)}"], 1
+    outcome = result["outcome"]
+    lines = [f"reload: {outcome} (config v{result.get('version', '?')})"]
+    for change in result.get("changes", []):
+        old, new = (_shown(change[k]) for k in ("old", "new"))
+        lines.append(f"  {change['key']}: {old} -> {new} ({change['reload']})")
+    for issue in result.get("issues", []):
+        lines.append(f"  {issue['message']}")
+    if result.get("restart_required"):
+        lines.append(f"restart required for: {', '.join(result['restart_required'])}")
+    if result.get("error"):
+        lines.append(f"error: {result['error']}")
+    if outcome == "unchanged":
+        lines.append("  the file matches the running config")
+    return lines, 0 if outcome in ("applied", "unchanged", "restart_required") else 1
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+# ---------------------------------------------------------------- status
+
+
+def _bytes(n: float | None) -> str:
+    from mlxd.config import format_bytes
+
+    return "-" if n is None else format_bytes(n)
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} m" if h else f"{m} m {s:02d} s" if m else f"{s} s"
+
+
+def status_lines(url: str, s: dict[str, Any]) -> tuple[list[str], int]:
+    """What ``mlxd status`` prints for a ``/stats`` answer, and its exit code."""
+    model, batch, config = s["model"], s["batch"], s["config"]
+    pid = s.get("runtime", {}).get("pid")
+    state = s["state"] + (", stalled" if s.get("stalled") else "")
+    lines = [
+        f"mlxd at {url}: {state} (pid {pid}, up {_duration(s['uptime_s'])})",
+        f"  model: {model['name'] or '(none)'} ({model['status']})",
+        f"  mode: {s['mode']}, batch size {batch['configured']}; "
+        f"running {batch['active_rows']}, waiting {batch['pending_rows']}",
+        f"  KV: {_bytes(batch['kv_bytes'])} of a {_bytes(batch['kv_budget_bytes'])} budget",
+        f"  config: v{config['version']} from {config['source'] or 'defaults'}, applied "
+        + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(config["applied_at"])),
+    ]
+    if model.get("error"):
+        lines.append(f"  model error: {model['error']}")
+    if s.get("last_error"):
+        lines.append(f"  last error: {s['last_error']}")
+    healthy = s["state"] == "ready" and not s.get("stalled") and model["status"] == "ready"
+    return lines, 0 if healthy else 1
