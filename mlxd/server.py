@@ -157,6 +157,24 @@ def _log_task_error(task: asyncio.Task) -> None:
         logger.error("background task failed", exc_info=task.exception())
 
 
+def _follow(settings: Settings, member: Any) -> int:
+    """A cluster rank other than 0: no HTTP, apply rank 0's plans (docs/cluster.md)."""
+    from mlxd.engine.follower import run_follower
+
+    runtime = runtime_info()
+    logger.info(
+        "cluster rank %d of %s: no HTTP on this rank; runtime %s, BLAS %s",
+        member.rank,
+        member.world,
+        runtime["device"],
+        runtime["blas"],
+    )
+    faults = os.environ.get("MLXD_FAULT_INJECTION") == "1"
+    return run_follower(
+        settings, member, optimized_blas=bool(runtime["blas_optimized"]), faults=faults
+    )
+
+
 def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
     """Run the daemon until a signal stops it. Returns the exit code.
 
@@ -164,6 +182,17 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     model load.
     """
     host, port = settings.server.host, settings.server.port
+    member = None
+    if settings.cluster is not None:
+        from mlxd.engine.shard import ClusterError, membership
+
+        try:
+            member = membership(settings.cluster)
+        except ClusterError as exc:
+            logger.error("cluster: %s", exc)
+            return 2
+        if member.rank != 0:  # a follower serves no HTTP: it binds nothing
+            return _follow(settings, member)
     try:
         sock = bind(host, port)
     except ListenError as exc:
@@ -183,21 +212,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     )
     faults = os.environ.get("MLXD_FAULT_INJECTION") == "1"
     leader = None
-    if settings.cluster is not None:
-        from mlxd.engine.shard import ClusterError, membership
-
-        try:
-            member = membership(settings.cluster)
-        except ClusterError as exc:
-            logger.error("cluster: %s", exc)
-            return 2
-        if member.rank != 0:
-            from mlxd.engine.follower import run_follower
-
-            logger.info("cluster rank %d of %s: no HTTP on this rank", member.rank, member.world)
-            return run_follower(
-                settings, member, optimized_blas=bool(runtime["blas_optimized"]), faults=faults
-            )
+    if settings.cluster is not None and member is not None:
         from mlxd.engine.leader import Leader
 
         leader = Leader(settings.cluster, member)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -59,11 +60,13 @@ def test_two_ranks_under_mlx_launch(tmp_path, tiny_models):
         r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # the launcher may be gone already
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         log.close()
     # Both ranks are gone (the launcher relays their output, so their last words may be lost).
     deadline = time.monotonic() + 30
