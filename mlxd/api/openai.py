@@ -34,6 +34,7 @@ from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.engine.channel import RequestHandle
 from mlxd.engine.lanes import LaneDecision
 from mlxd.engine.messages import Delta, Failed, Finished, GenerationRequest
+from mlxd.engine.structure import TOOL_GRAMMAR_FORMATS
 
 
 def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
@@ -95,7 +96,7 @@ async def _sse(
             yield first
         async for event in handle.events():
             if isinstance(event, Delta):
-                if event.text or (renderer.logprobs and event.logprobs):
+                if renderer.has_output(event):
                     yield renderer.delta_chunk(event, with_usage=include_usage)
             elif isinstance(event, Finished):
                 done(event)
@@ -123,7 +124,13 @@ async def _generate(
         accepted = await handle.accepted()
         if isinstance(accepted, Failed):
             raise OpenAIError.from_failed(accepted)
-        renderer = Renderer(kind, gen.id, accepted.model, logprobs=gen.logprobs)
+        renderer = Renderer(
+            kind,
+            gen.id,
+            accepted.model,
+            logprobs=gen.logprobs,
+            reasoning_field=state.settings.server.reasoning_field,
+        )
         headers = {
             "X-Mlxd-Lane": LaneDecision(accepted.lane, accepted.reason).header,
             "X-Request-Id": gen.id,
@@ -192,7 +199,16 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
     body = await read_body(request, state.settings.limits.max_body_bytes)
     req = decode(body, schema)
     _check_model(state, req.model)
-    gen = build(req, state.settings, faults=state.fault_injection)
+    gen = build(req, state.settings, faults=state.fault_injection, info=state.engine.model_info)
+    if gen.constraint is not None:
+        error = await state.engine.warm_grammar(gen.constraint)
+        if error is not None:
+            raise OpenAIError(
+                400,
+                f"The grammar cannot be compiled for this model: {error}",
+                code="invalid_schema",
+                param="response_format" if gen.constraint.kind == "json" else "tool_choice",
+            )
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     return await _generate(request, state, gen, kind=kind, stream=req.stream, include_usage=usage)
 
@@ -204,4 +220,12 @@ def _model_json(info: Any) -> dict[str, Any]:
         "created": info.created,
         "owned_by": "mlxd",
         "context_length": info.context_length,
+        # Extension: what this model can do beyond plain chat.
+        "capabilities": {
+            "tools": info.tool_format is not None,
+            "tool_format": info.tool_format,
+            "tool_choice_required": info.tool_format in TOOL_GRAMMAR_FORMATS,
+            "structured_output": info.structured_output,
+            "reasoning": info.reasoning,
+        },
     }

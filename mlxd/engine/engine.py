@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from mlxd.config import ModelSettings, Settings
 from mlxd.engine.channel import Channel, RequestHandle
 from mlxd.engine.core import EngineCore
-from mlxd.engine.messages import GenerationRequest, ModelInfo
+from mlxd.engine.messages import Constraint, GenerationRequest, ModelInfo
 from mlxd.engine.model import ModelLoadError, load_model
 from mlxd.engine.snapshot import Snapshot
 
@@ -107,6 +107,8 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
         self._snapshot = self._core.snapshot(state="starting")
         self.model_info: ModelInfo | None = None
+        # The loaded model's grammar compiler (no MLX state; thread-safe).
+        self.grammars: Any = None
 
     # ------------------------------------------------------------ public API
 
@@ -127,6 +129,18 @@ class Engine:
         channel = Channel(asyncio.get_running_loop())
         self._inbox.put(_Submit(request, channel))
         return RequestHandle(request.id, channel, self.cancel)
+
+    async def warm_grammar(self, constraint: Constraint) -> str | None:
+        """Compile ``constraint`` for the loaded model in a worker thread, so the
+        engine thread finds it cached. Returns an error message, or None."""
+        grammars = self.grammars
+        if grammars is None:
+            return None
+        try:
+            await asyncio.to_thread(grammars.warm, constraint)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     def cancel(self, request_id: str) -> None:
         """Cancel a request; its row leaves before the next step. Thread-safe."""
@@ -212,6 +226,7 @@ class Engine:
             core.model_status, core.model_error = "failed", f"loading the model failed: {exc!r}"
         else:
             core.install_model(loaded)
+            self.grammars = loaded.grammars
             self.model_info = loaded.info
         self._loaded_event.set()
         self._publish()
@@ -231,6 +246,7 @@ class Engine:
             raise
         core.install_model(loaded)
         core.retokenize_queued()
+        self.grammars = loaded.grammars
         self.model_info = loaded.info
         gc.collect()
         import mlx.core as mx
