@@ -201,11 +201,14 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
     _check_model(state, req.model)
     gen = build(req, state.settings, faults=state.fault_injection, info=state.engine.model_info)
     if gen.constraint is not None:
-        error = await state.engine.warm_grammar(gen.constraint)
-        if error is not None:
+        warmed = await state.engine.warm_grammar(gen.constraint)
+        if isinstance(warmed, tuple):
+            for observe in state.compile_observers:
+                observe(*warmed)
+        elif warmed is not None:
             raise OpenAIError(
                 400,
-                f"The grammar cannot be compiled for this model: {error}",
+                f"The grammar cannot be compiled for this model: {warmed}",
                 code="invalid_schema",
                 param="response_format" if gen.constraint.kind == "json" else "tool_choice",
             )
