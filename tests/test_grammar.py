@@ -15,8 +15,8 @@ from tinymodels import tiny_model_dir
 
 from mlxd.engine.grammar import (
     ConstraintProcessor,
-    Grammars,
     GrammarError,
+    Grammars,
     apply_mask,
     make_ll_tokenizer,
 )
