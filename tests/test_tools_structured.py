@@ -9,6 +9,7 @@ row in the same batch is untouched. Outputs validate with ``jsonschema``.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -425,3 +426,31 @@ def test_mistral_format_forced_call(tmp_path_factory: pytest.TempPathFactory):
         assert streamed["calls"] == [(call["function"]["name"], call["function"]["arguments"])]
     finally:
         d.stop()
+
+
+def test_stats_and_dashboard_mark_constrained_rows(hermes: Daemon):
+    before = hermes.stats()["counters"]["tool_calls"]
+    forced = chat(hermes, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    assert forced.json()["choices"][0]["finish_reason"] == "tool_calls"
+    assert hermes.stats()["counters"]["tool_calls"] == before + 1
+    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "slow", "schema": schema}}
+    done = threading.Event()
+
+    def run() -> None:
+        chat(hermes, "a long one", response_format=fmt, max_tokens=1500)
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    seen_stats = seen_html = False
+    while not done.is_set() and not (seen_stats and seen_html):
+        rows = hermes.stats()["rows"]
+        seen_stats |= any(r["constraint"] == "json" and r["output"] == "answer" for r in rows)
+        html = httpx.get(f"{hermes.url}/dashboard/active-rows", timeout=10).text
+        seen_html |= re.search(r'data-field="constraint"[^>]*>json<', html) is not None
+    assert seen_stats and seen_html
+    done.wait(120)
+    metrics = httpx.get(f"{hermes.url}/metrics", timeout=10).text
+    assert 'mlxd_constrained_rows_total{kind="json"}' in metrics
+    assert 'mlxd_grammar_compile_seconds_count{cache="cold"}' in metrics
+    assert re.search(r"^mlxd_tool_calls_total [1-9]", metrics, re.M)
