@@ -10,7 +10,7 @@ Two parts:
    asks for a long array of objects, so constrained rows run to ``max_tokens``
    like the free ones and both waves generate the same number of tokens.
    ``tps`` = completion tokens of the wave / wall seconds of the wave.
-2. **Compile time.** The grammar of each test schema (tests/test_tools_structured.py)
+2. **Compile time.** The grammar of each test schema (tests/structured_schemas.py)
    compiled with the model's llguidance tokenizer: ``cold`` (first compile),
    ``cached`` (a copy from mlxd's LRU). Also the tokenizer build (once per model).
 
@@ -145,7 +145,7 @@ def throughput(args: argparse.Namespace, model_dir: str, workdir: Path) -> dict[
 
 def compile_times(model_dir: str) -> dict[str, Any]:
     from mlx_lm.tokenizer_utils import load as load_tokenizer
-    from test_tools_structured import JSON_SCHEMAS
+    from structured_schemas import JSON_SCHEMAS
 
     from mlxd.engine.grammar import Grammars, make_ll_tokenizer
     from mlxd.engine.structure import json_constraint

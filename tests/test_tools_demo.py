@@ -9,11 +9,13 @@ tools template (``[model] chat_template``) and mlx-lm's ``json_tools`` parser
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
 from daemon import Daemon, toml_config
 from pydantic import BaseModel, Field
+from structured_schemas import JSON_SCHEMAS
 from tinymodels import TEMPLATES
 
 pytestmark = pytest.mark.slow
@@ -134,3 +136,33 @@ def test_a_tool_result_turn_gets_an_answer(client, model):
         model=model, messages=messages, tools=[WEATHER], temperature=0, max_tokens=40
     )
     assert reply.choices[0].message.content or reply.choices[0].message.tool_calls
+
+
+def test_every_test_schema_validates_on_the_demo_model(client, model):
+    """The 11 schemas of the tiny-model tests, concurrently (they batch), on a real model."""
+
+    def ask(name: str, stream: bool = False):
+        fmt = {
+            "type": "json_schema",
+            "json_schema": {"name": name, "schema": JSON_SCHEMAS[name], "strict": True},
+        }
+        kw = {
+            "model": model,
+            "messages": [{"role": "user", "content": f"Give me {name.replace('_', ' ')} data."}],
+            "response_format": fmt,
+            "temperature": 0,
+            "max_tokens": 96,
+        }
+        if not stream:
+            return client.chat.completions.create(**kw).choices[0]
+        with client.chat.completions.stream(**kw) as s:
+            return s.get_final_completion().choices[0]
+
+    names = sorted(JSON_SCHEMAS)
+    with ThreadPoolExecutor(4) as pool:
+        answers = dict(zip(names, pool.map(ask, names), strict=True))
+    for name, choice in answers.items():
+        assert choice.finish_reason == "stop", (name, choice.message.content)
+        jsonschema.validate(json.loads(choice.message.content), JSON_SCHEMAS[name])
+    streamed = ask("nested", stream=True)
+    assert streamed.message.content == answers["nested"].message.content
