@@ -199,6 +199,11 @@ class ServerSettings(Section):
         "Unknown top-level request parameters: 400 (reject), or dropped and listed in the "
         "X-Mlxd-Ignored-Parameters header (ignore).",
     )
+    reasoning_field: Literal["reasoning_content", "reasoning", "both"] = _field(
+        "reasoning_content",
+        "live",
+        "Chat field that carries a reasoning model's thinking (message and delta).",
+    )
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -215,6 +220,11 @@ class ModelSettings(Section):
     )
     chat_template: str | None = _field(
         None, "swap", "Chat template override: a path to a Jinja file, or the template itself."
+    )
+    tool_parser: str | None = _field(
+        None,
+        "swap",
+        "mlx-lm tool parser (json_tools, mistral, pythonic, ...) when the model does not name one.",
     )
     max_context: int | None = _field(
         None, "swap", "Context length in tokens; default: what the model's config declares.", gt=0
@@ -262,6 +272,9 @@ class LaneSettings(Section):
         "batch", "live", "Lane for repetition, presence or frequency penalties."
     )
     logit_bias: LaneChoice = _field("batch", "live", "Lane for requests with a logit_bias.")
+    constrained: LaneChoice = _field(
+        "batch", "live", "Lane for JSON-schema or forced-tool-call (grammar) requests."
+    )
 
 
 class PromptCacheSettings(Section):

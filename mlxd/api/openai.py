@@ -37,6 +37,7 @@ from mlxd.engine.channel import RequestHandle
 from mlxd.engine.checks import IntakeError, check_request
 from mlxd.engine.lanes import LaneDecision
 from mlxd.engine.messages import Delta, Failed, Finished, GenerationRequest
+from mlxd.engine.structure import TOOL_GRAMMAR_FORMATS
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ async def _sse(
             yield first
         async for event in handle.events():
             if isinstance(event, Delta):
-                if event.text or (renderer.logprobs and event.logprobs):
+                if renderer.has_output(event):
                     yield renderer.delta_chunk(event, with_usage=include_usage)
             elif isinstance(event, Finished):
                 done(event)
@@ -140,7 +141,13 @@ async def _generate(
         accepted = await handle.accepted()
         if isinstance(accepted, Failed):
             raise OpenAIError.from_failed(accepted)
-        renderer = Renderer(kind, gen.id, accepted.model, logprobs=gen.logprobs)
+        renderer = Renderer(
+            kind,
+            gen.id,
+            accepted.model,
+            logprobs=gen.logprobs,
+            reasoning_field=state.settings.server.reasoning_field,
+        )
         headers = {
             **(headers or {}),
             "X-Mlxd-Lane": LaneDecision(accepted.lane, accepted.reason).header,
@@ -222,8 +229,20 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
         logger.debug("%s: ignored unknown parameters %s", request.url.path, ignored)
         headers[IGNORED_HEADER] = ignored_header(ignored)
     _check_model(state, req.model)
-    gen = build(req, state.settings, faults=state.fault_injection)
+    gen = build(req, state.settings, faults=state.fault_injection, info=state.engine.model_info)
     check_values(state, gen)
+    if gen.constraint is not None:
+        warmed = await state.engine.warm_grammar(gen.constraint)
+        if isinstance(warmed, tuple):
+            for observe in state.compile_observers:
+                observe(*warmed)
+        elif warmed is not None:
+            raise OpenAIError(
+                400,
+                f"The grammar cannot be compiled for this model: {warmed}",
+                code="invalid_schema",
+                param="response_format" if gen.constraint.kind == "json" else "tool_choice",
+            )
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     return await _generate(
         request, state, gen, kind=kind, stream=req.stream, include_usage=usage, headers=headers
@@ -251,4 +270,12 @@ def _model_json(info: Any) -> dict[str, Any]:
         "context_length": info.context_length,
         "vocab_size": info.vocab_size,
         "max_token_chars": info.max_token_chars,
+        # Extension: what this model can do beyond plain chat.
+        "capabilities": {
+            "tools": info.tool_format is not None,
+            "tool_format": info.tool_format,
+            "tool_choice_required": info.tool_format in TOOL_GRAMMAR_FORMATS,
+            "structured_output": info.structured_output,
+            "reasoning": info.reasoning,
+        },
     }

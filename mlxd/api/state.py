@@ -45,6 +45,8 @@ class AppState:
         self.shutting_down = False
         self.started_at = time.time()
         self.observers: list[Observer] = []
+        # Called with (seconds, cached) for each grammar prepared for a request.
+        self.compile_observers: list[Callable[[float, bool], None]] = []
         # SIGHUP, /admin/reload and the editor never reload at the same time.
         self.reload_lock = asyncio.Lock()
 

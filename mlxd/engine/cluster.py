@@ -66,6 +66,10 @@ class RowSpec(msgspec.Struct, frozen=True, array_like=True):
     logprobs: bool
     top_logprobs: int
     fault: str | None
+    # A grammar (messages.Constraint: kind, grammar, key, tool_format) and
+    # whether the row starts inside the model's think markers.
+    constraint: tuple[str, str, str, str | None] | None = None
+    reasoning: bool = False
 
 
 class Fetch(msgspec.Struct, frozen=True, tag="fetch", array_like=True):

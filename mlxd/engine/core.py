@@ -26,6 +26,7 @@ from mlxd.engine.emit import TextStream
 from mlxd.engine.intake import Prepared, prepare
 from mlxd.engine.messages import Accepted, Failed, GenerationRequest
 from mlxd.engine.model import LoadedModel
+from mlxd.engine.output import make_output
 from mlxd.engine.prompt_cache import PromptCache
 from mlxd.engine.row import Row
 from mlxd.engine.serial import SerialRun
@@ -172,6 +173,9 @@ class EngineCore:
         self.counters.submitted += 1
         reasons = self.counters.lane_reasons
         reasons[row.reason] = reasons.get(row.reason, 0) + 1
+        if request.constraint is not None:
+            kinds = self.counters.constrained_rows
+            kinds[request.constraint.kind] = kinds.get(request.constraint.kind, 0) + 1
         channel.push(Accepted(row.lane, row.reason, len(row.prompt), loaded.info.id))
         (self.pending if row.lane == "batch" else self.serial_queue).append(row)
 
@@ -214,6 +218,8 @@ class EngineCore:
             max_tokens=prepared.max_tokens,
             text=TextStream(loaded.tokenizer.detokenizer, request.stop),
             tokenizer=loaded.tokenizer,
+            output=make_output(loaded, request, prepared.phase),
+            matcher=prepared.constraint,
             received_mono=now_mono,
             received_wall=now_wall,
             extent=prepared.extent,
@@ -242,6 +248,8 @@ class EngineCore:
                 )
                 row.tokenizer = loaded.tokenizer
                 row.text = TextStream(loaded.tokenizer.detokenizer, row.request.stop)
+                row.output = make_output(loaded, row.request, prepared.phase)
+                row.matcher = prepared.constraint
                 row.prefetched = None
         if not loaded.capabilities.batchable:
             while self.pending:
@@ -515,6 +523,8 @@ class EngineCore:
         c.prompt_tokens += len(row.prompt)
         c.generated_tokens += row.generated
         c.cached_tokens += row.cached_tokens
+        c.tool_calls += row.output.calls
+        c.tool_call_parse_failures += row.output.failed_calls
         self.avg_generated = 0.9 * self.avg_generated + 0.1 * row.generated
 
     def _fail(

@@ -36,7 +36,7 @@ from mlxd.engine.channel import Channel, RequestHandle
 from mlxd.engine.cluster import PeerLost
 from mlxd.engine.core import EngineCore
 from mlxd.engine.intake import Prepared, prepare
-from mlxd.engine.messages import Failed, GenerationRequest, ModelInfo
+from mlxd.engine.messages import Constraint, Failed, GenerationRequest, ModelInfo
 from mlxd.engine.model import LoadedModel, ModelLoadError, load_model
 from mlxd.engine.shard import ClusterError
 from mlxd.engine.snapshot import Snapshot
@@ -177,6 +177,8 @@ class Engine:
         )
         self._snapshot = build_snapshot(self._core, state="starting")
         self.model_info: ModelInfo | None = None
+        # The loaded model's grammar compiler (no MLX state; thread-safe).
+        self.grammars: Any = None
 
     # ------------------------------------------------------------ public API
 
@@ -201,6 +203,21 @@ class Engine:
                 self._channels[request.id] = channel
         self._inbox.put(_Submit(request, channel))
         return RequestHandle(request.id, channel, self.cancel)
+
+    async def warm_grammar(self, constraint: Constraint) -> tuple[float, bool] | str | None:
+        """Compile ``constraint`` for the loaded model in a worker thread, so the
+        engine thread finds it cached.
+
+        Returns ``(seconds, was_cached)``, an error message, or None when no
+        model (or no grammar support) is loaded; intake then decides.
+        """
+        grammars = self.grammars
+        if grammars is None:
+            return None
+        try:
+            return await asyncio.to_thread(grammars.warm, constraint)
+        except ValueError as exc:
+            return str(exc)
 
     def cancel(self, request_id: str) -> None:
         """Cancel a request; its row leaves before the next step. Thread-safe."""
@@ -359,6 +376,7 @@ class Engine:
             core.model_status, core.model_error = "failed", f"loading the model failed: {exc!r}"
         else:
             core.install_model(loaded)
+            self.grammars = loaded.grammars
             self.model_info = loaded.info
         self._loaded_event.set()
         if self._cluster is not None and core.loaded is None:
@@ -378,6 +396,7 @@ class Engine:
             raise
         core.install_model(loaded)
         core.retokenize_queued()
+        self.grammars = loaded.grammars
         self.model_info = loaded.info
         gc.collect()
         import mlx.core as mx

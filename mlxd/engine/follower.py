@@ -46,7 +46,15 @@ from mlxd.engine.cluster import (
     local_digest,
     tokens_crc,
 )
-from mlxd.engine.messages import GenerationRequest, PenaltyParams, SamplingParams, TokenPrompt
+from mlxd.engine.intake import constraint_processor
+from mlxd.engine.messages import (
+    Constraint,
+    Failed,
+    GenerationRequest,
+    PenaltyParams,
+    SamplingParams,
+    TokenPrompt,
+)
 from mlxd.engine.model import LoadedModel, load_model
 from mlxd.engine.prompt_cache import PromptCache
 from mlxd.engine.row import Row
@@ -92,7 +100,8 @@ class _MirrorCache(PromptCache):
         self._lru.trim_to(n_sequences=entries)
 
 
-def _row(spec: RowSpec) -> Row:
+def _row(spec: RowSpec, loaded: LoadedModel) -> Row:
+    constraint = Constraint(*spec.constraint) if spec.constraint else None  # type: ignore[arg-type]
     request = GenerationRequest(
         id=spec.id,
         prompt=TokenPrompt(tuple(spec.prompt)),
@@ -107,7 +116,15 @@ def _row(spec: RowSpec) -> Row:
         logprobs=spec.logprobs,
         top_logprobs=spec.top_logprobs,
         fault=spec.fault,
+        constraint=constraint,
     )
+    matcher = None
+    if constraint is not None:
+        # The same grammar mask rank 0 applies: every rank must sample the same tokens.
+        phase = "reasoning" if spec.reasoning else "normal"
+        matcher = constraint_processor(loaded, constraint, phase)
+        if isinstance(matcher, Failed):
+            raise Desync(f"this rank cannot build the row's grammar: {matcher.message}")
     now = time.monotonic()
     return Row(
         request=request,
@@ -118,6 +135,8 @@ def _row(spec: RowSpec) -> Row:
         max_tokens=spec.max_tokens,
         text=None,  # type: ignore[arg-type]
         tokenizer=None,
+        output=None,  # type: ignore[arg-type]
+        matcher=matcher,
         received_mono=now,
         received_wall=time.time(),
     )
@@ -248,7 +267,7 @@ class Follower:
         elif isinstance(op, StartSerial):
             assert self.loaded is not None
             cache, rest = self._take_prefetched(op.row.prompt)
-            row = _row(op.row)
+            row = _row(op.row, self.loaded)
             self.serial_tokens = []
             self.serial = SerialRun(
                 self.loaded,
@@ -292,7 +311,7 @@ class Follower:
         cache, rest = self._take_prefetched(op.row.prompt)
         if self.batch is None:
             self.batch = BatchLane(self.loaded, self.batch_settings, faults=self.faults)
-        row = _row(op.row)
+        row = _row(op.row, self.loaded)
         self.batch.insert(row, cache, rest)
         if row.uid != op.uid:
             raise Desync(f"batch row uid {row.uid} here, {op.uid} on rank 0")

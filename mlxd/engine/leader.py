@@ -80,6 +80,8 @@ def row_spec(row: Row) -> RowSpec:
         logprobs=r.logprobs,
         top_logprobs=r.top_logprobs,
         fault=r.fault,
+        constraint=(c.kind, c.grammar, c.key, c.tool_format) if (c := r.constraint) else None,
+        reasoning=row.matcher is not None and not getattr(row.matcher, "active", True),
     )
 
 

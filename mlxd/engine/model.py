@@ -46,6 +46,8 @@ class LoadedModel:
     # Prompt-cache entries are keyed by this, so a swapped model never sees
     # another model's cache.
     key: str
+    # llguidance's tokenizer and compiled-grammar cache (mlxd.engine.grammar).
+    grammars: Any = None
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
@@ -102,6 +104,31 @@ def _capabilities(model: Any) -> Capabilities:
     return Capabilities(True)
 
 
+def tool_format(tokenizer: Any) -> str | None:
+    """The mlx-lm tool parser module the tokenizer loaded (json_tools, mistral, ...)."""
+    if not tokenizer.has_tool_calling:
+        return None
+    name = tokenizer.init_kwargs.get("tool_parser_type")
+    if name:
+        return str(name)
+    module = getattr(tokenizer.tool_parser, "__module__", "") or ""
+    return module.rsplit(".", 1)[-1] or "unknown"
+
+
+def _grammars(tokenizer: Any, width: int) -> Any:
+    """llguidance's tokenizer, built once per model (up to ~1 s on big vocabularies)."""
+    from mlxd.engine.grammar import Grammars, make_ll_tokenizer
+
+    started = time.perf_counter()
+    try:
+        grammars = Grammars(make_ll_tokenizer(tokenizer, width), width)
+    except Exception:
+        logger.exception("llguidance cannot read this tokenizer; structured output is off")
+        return None
+    logger.info("grammar tokenizer built in %.2fs", time.perf_counter() - started)
+    return grammars
+
+
 def measure_layout(model: Any) -> tuple[CacheLayout, int]:
     """Measure each layer's cache by running one token through a fresh cache.
 
@@ -150,7 +177,7 @@ def load_model(
     *,
     optimized_blas: bool,
     generation: int,
-    loader: Callable[[str], tuple[Any, Any, dict]] | None = None,
+    loader: Callable[[str, dict[str, Any]], tuple[Any, Any, dict]] | None = None,
 ) -> LoadedModel:
     """Load the configured (or demo) model with ``mlx_lm.load`` and probe it.
 
@@ -162,17 +189,23 @@ def load_model(
     """
     path, model_id = resolve_model_path(settings, optimized_blas=optimized_blas)
     started = time.perf_counter()
+    # Given to the tokenizer before mlx-lm picks its tool parser, so an
+    # override template (or an explicit parser) turns tool calling on.
+    overrides: dict[str, Any] = {}
+    if settings.chat_template:
+        overrides["chat_template"] = _read_template(settings.chat_template)
+    if settings.tool_parser:
+        overrides["tool_parser_type"] = settings.tool_parser
     try:
         if loader is not None:
-            model, tokenizer, config = loader(str(path))
+            model, tokenizer, config = loader(str(path), overrides)
         else:
-            model, tokenizer, config = mlx_load(str(path), return_config=True)
+            model, tokenizer, config = mlx_load(
+                str(path), tokenizer_config=overrides, return_config=True
+            )
     except Exception as exc:
         name = "sharded_load" if loader is not None else "mlx_lm.load"
         raise ModelLoadError(f"{name}({str(path)!r}) failed: {exc}") from exc
-    if settings.chat_template:
-        tokenizer.chat_template = _read_template(settings.chat_template)
-        tokenizer.has_chat_template = True
 
     declared = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
     context = settings.max_context or int(declared)
@@ -181,6 +214,7 @@ def load_model(
     )
     layout, logits_width = measure_layout(model)
     capabilities = _capabilities(model)
+    grammars = _grammars(tokenizer, logits_width)
     # Every id must index both the tokenizer and the model's embedding/logits.
     vocab = min(len(tokenizer), logits_width)
     info = ModelInfo(
@@ -191,6 +225,9 @@ def load_model(
         created=int(time.time()),
         batchable=capabilities.batchable,
         cache_kinds=layout.kinds,
+        tool_format=tool_format(tokenizer),
+        reasoning=bool(tokenizer.has_thinking),
+        structured_output=grammars is not None,
         vocab_size=vocab,
         max_token_chars=max_token_chars(tokenizer),
         dtype=describe_dtype(model, config),
@@ -217,6 +254,7 @@ def load_model(
         capabilities=capabilities,
         weights_bytes=weights,
         key=f"{path}#{generation}",
+        grammars=grammars,
     )
 
 

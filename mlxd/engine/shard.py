@@ -225,9 +225,14 @@ def make_loader(group: Any, sharding: str):
     """A loader for :func:`mlxd.engine.model.load_model` that loads this rank's shard."""
     from mlx_lm.utils import sharded_load
 
-    def load(path: str) -> tuple[Any, Any, dict]:
-        if sharding == "pipeline":
-            return sharded_load(path, pipeline_group=group, return_config=True)
-        return sharded_load(path, tensor_group=group, return_config=True)
+    def load(path: str, tokenizer_config: dict[str, Any]) -> tuple[Any, Any, dict]:
+        # sharded_load's default tokenizer config trusts remote code; mlxd's never does.
+        groups = {"pipeline_group" if sharding == "pipeline" else "tensor_group": group}
+        return sharded_load(
+            path,
+            return_config=True,
+            tokenizer_config={"trust_remote_code": False, **tokenizer_config},
+            **groups,
+        )
 
     return load
