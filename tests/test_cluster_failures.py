@@ -45,6 +45,16 @@ def _stream(url: str, model: str, prompt: list[int]) -> dict:
     return seen
 
 
+def _plain(url: str, model: str, prompt: list[int]) -> dict:
+    """A non-streaming completion: the status and error code it ended with."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 3000}
+    try:
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    except httpx.HTTPError as exc:
+        return {"status": None, "error": {"transport": repr(exc)}}
+    return {"status": r.status_code, "error": r.json().get("error")}
+
+
 def test_kill_9_of_rank_1_under_load(tmp_path, tiny_models):
     hostfile = write_hostfile(tmp_path, 2)
     config = cluster_config(tiny_models("llama"), hostfile, cluster={"step_timeout": 20.0})
@@ -52,12 +62,13 @@ def test_kill_9_of_rank_1_under_load(tmp_path, tiny_models):
     try:
         url = c.rank0.url
         model = c.rank0.model_id()
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
             clients = [pool.submit(_stream, url, model, [5 + i, 17, 42]) for i in range(3)]
+            plain = pool.submit(_plain, url, model, [9, 17, 42])
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 rows = c.rank0.stats()["rows"]
-                if len(rows) == 3 and all(r["generated_tokens"] >= 2 for r in rows):
+                if len(rows) == 4 and all(r["generated_tokens"] >= 2 for r in rows):
                     break
                 time.sleep(0.05)
             killed_at = time.monotonic()
@@ -73,6 +84,7 @@ def test_kill_9_of_rank_1_under_load(tmp_path, tiny_models):
                     break
                 time.sleep(0.05)
             seen = [f.result(timeout=30) for f in clients]
+            answered = plain.result(timeout=30)
         code = c.wait_exit(0, 15)
         took = time.monotonic() - killed_at
         assert code not in (None, 0), c.logs()
@@ -81,6 +93,7 @@ def test_kill_9_of_rank_1_under_load(tmp_path, tiny_models):
         for s in seen:
             assert not s["done"], s  # nobody got a normal end of stream
             assert s["error"] is not None, s
+        assert answered["status"] == 503 and answered["error"]["code"] == "peer_lost", answered
         explicit = [s for s in seen if "code" in (s["error"] or {})]
         assert explicit and all(s["error"]["code"] == "peer_lost" for s in explicit), seen
         log = c.rank0.log()
