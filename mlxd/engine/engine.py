@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import gc
 import logging
-import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -93,19 +90,6 @@ def _forget_engine_thread_arrays() -> None:
     mx.random.seed(time.time_ns() & 0xFFFFFFFF)
     mx.eval(mx.random.state)
     gc.collect()
-
-
-def _lower_this_threads_priority() -> None:
-    """On Linux, let the engine thread win the CPU over tokenizing (a per-thread nice).
-
-    On a machine with few cores, a long prompt being tokenized would
-    otherwise slow every running stream's steps.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    # Not permitted somewhere? Then tokenizing just competes as usual.
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
 class Engine:
@@ -362,7 +346,6 @@ class Engine:
 
     def _intake_loop(self) -> None:
         """The intake thread: tokenize and check requests, hand them back."""
-        _lower_this_threads_priority()
         while True:
             job = self._intake_jobs.get()
             if job is None:
