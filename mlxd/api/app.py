@@ -9,6 +9,7 @@ from litestar.config.csrf import CSRFConfig
 from litestar.exceptions import HTTPException
 
 from mlxd.api.admin import AdminController
+from mlxd.api.anthropic import MessagesController
 from mlxd.api.errors import (
     OpenAIError,
     http_error_handler,
@@ -17,6 +18,7 @@ from mlxd.api.errors import (
 )
 from mlxd.api.health import HealthController
 from mlxd.api.openai import OpenAIController
+from mlxd.api.responses import ResponsesController
 from mlxd.api.state import AppState
 
 # The dashboard's forms (the config editor) carry a double-submit CSRF token.
@@ -49,6 +51,8 @@ def make_app(state: AppState, *, extra_route_handlers: list | None = None) -> Li
     app = Litestar(
         route_handlers=[
             OpenAIController,
+            ResponsesController,
+            MessagesController,
             HealthController,
             AdminController,
             *(extra_route_handlers or []),

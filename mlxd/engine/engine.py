@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 from mlxd.config import ModelSettings, Settings
 from mlxd.engine.channel import Channel, RequestHandle
 from mlxd.engine.core import EngineCore
-from mlxd.engine.messages import GenerationRequest, ModelInfo
+from mlxd.engine.intake import IntakeError, tokenize
+from mlxd.engine.messages import Failed, GenerationRequest, ModelInfo
 from mlxd.engine.model import ModelLoadError, load_model
 from mlxd.engine.snapshot import Snapshot
 
@@ -147,6 +148,23 @@ class Engine:
             return future
         self._inbox.put(_Call(fn, future, exclusive, reason))
         return future
+
+    def count_tokens(self, request: GenerationRequest) -> concurrent.futures.Future[int | Failed]:
+        """How many prompt tokens ``request`` has, tokenized on the engine thread as at intake.
+
+        A prompt that cannot be tokenized (or no model loaded) resolves to a
+        :class:`Failed` value, like a refused submission.
+        """
+
+        def count(core: EngineCore) -> int | Failed:
+            if core.loaded is None:
+                return Failed("model_not_loaded", "No model is loaded yet; see /ready.", 503)
+            try:
+                return len(tokenize(core.loaded, request))
+            except IntakeError as exc:
+                return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]
+
+        return self.call(count)
 
     def snapshot(self) -> Snapshot:
         """The latest immutable view of the engine; never blocks."""

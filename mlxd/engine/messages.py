@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Lane = Literal["batch", "serial"]
+# Which HTTP API a request came in through (shown in /stats and the dashboard).
+Api = Literal["chat", "completions", "responses", "messages"]
 FinishReason = Literal["stop", "length"]
 
 
@@ -77,6 +79,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    api: Api = "chat"
     # Test-only fault injection (see docs/testing.md); ignored unless the
     # engine was built with fault injection enabled.
     fault: str | None = None
@@ -144,6 +147,8 @@ class Finished:
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
+    # The stop string that ended generation, when one did (Anthropic reports it).
+    stop_sequence: str | None = None
 
 
 ErrorCode = Literal[

@@ -100,7 +100,7 @@ class Row:
                 self.channel.push(Delta(piece.text, ()))
             if piece.stopped:
                 reason = "stop"
-        event = Finished(reason, self.usage(), self.timings())
+        event = Finished(reason, self.usage(), self.timings(), stop_sequence=self.text.matched)
         self.channel.push(event)
         return event
 

@@ -30,6 +30,7 @@ class ModelView:
 @dataclass(frozen=True)
 class RowView:
     id: str
+    api: str  # chat | completions | responses | messages
     lane: str
     phase: str
     prompt_tokens: int
@@ -47,6 +48,7 @@ class RowView:
 @dataclass(frozen=True)
 class PendingView:
     id: str
+    api: str
     lane: str
     received_at: float
     prompt_tokens: int

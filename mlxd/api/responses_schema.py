@@ -1,0 +1,264 @@
+"""``POST /v1/responses`` bodies: decoding, validation and translation to engine requests.
+
+The OpenAI Responses API takes ``input`` items instead of chat messages. They
+are translated into the same :class:`ChatPrompt` a chat completion builds, so
+the request runs through the same engine path. Every top-level field of the
+current API is known here: the ones that change nothing about generation on a
+single local model are accepted and ignored (listed in docs/api.md), the ones
+mlxd cannot honour are refused by name, and an unknown field is a 400.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from mlxd.api.errors import OpenAIError
+from mlxd.api.schemas import _bad, _range, _unsupported
+from mlxd.config import Settings
+from mlxd.engine.messages import ChatPrompt, GenerationRequest, SamplingParams
+
+
+class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    model: str
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
+    stream: bool | None = None
+    metadata: dict[str, str] | None = None
+    # Refused unless they ask for nothing.
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    top_logprobs: int | None = None
+    truncation: str | None = None
+    # Accepted and ignored: they change nothing about generation here.
+    include: list[str] | None = None
+    stream_options: dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    user: str | None = None
+    context_management: Any = None
+    # Test-only fault injection; refused unless the server enables it.
+    mlxd_fault: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponsesCall:
+    """A validated Responses request: what the engine runs, and what the answer echoes."""
+
+    gen: GenerationRequest
+    # The conversation without the instructions (what a stored response keeps).
+    history: tuple[dict, ...]
+    echo: dict[str, Any]
+    store: bool
+    stream: bool
+
+
+def _part_text(part: Any, where: str) -> str:
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict):
+        raise _bad(where, f"A content part must be an object, got {type(part).__name__}.")
+    kind = part.get("type")
+    if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+        return part["text"]
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return part["refusal"]
+    if kind in ("input_image", "input_file", "input_audio"):
+        raise _unsupported(where, f"mlxd serves a text model; {kind!r} parts are not accepted.")
+    raise _bad(where, f"Unsupported content part type {kind!r}: use 'input_text'.")
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(_part_text(p, f"{where}[{j}]") for j, p in enumerate(content))
+    raise _bad(where, "Message content must be a string or a list of text parts.")
+
+
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+# Items a client may send back from an earlier turn that carry nothing the
+# model reads again (mlxd never sends encrypted reasoning).
+_SKIPPED_ITEMS = {"reasoning"}
+
+
+def _item(item: Any, i: int) -> dict | None:
+    where = f"input[{i}]"
+    if not isinstance(item, dict):
+        raise _bad(where, f"An input item must be an object, got {type(item).__name__}.")
+    kind = item.get("type", "message")
+    if kind in _SKIPPED_ITEMS:
+        return None
+    if kind == "message":
+        role = item.get("role")
+        if role not in _ROLES:
+            raise _bad(
+                f"{where}.role",
+                f"Invalid role {role!r}: use user, assistant, system or developer.",
+            )
+        if "content" not in item or item["content"] is None:
+            raise _bad(f"{where}.content", f"{where} has no content.")
+        return {"role": _ROLES[role], "content": _content(item["content"], f"{where}.content")}
+    if kind in ("function_call", "function_call_output"):
+        raise _unsupported(
+            where, f"'{kind}' items need tool calling, which is not implemented yet."
+        )
+    raise _unsupported(
+        f"{where}.type",
+        f"input items of type {kind!r} are not supported (mlxd takes message, function_call, "
+        "function_call_output and reasoning items).",
+    )
+
+
+def input_messages(value: str | list[dict[str, Any]] | None) -> tuple[dict, ...]:
+    """``input`` as chat messages (a string is one user message)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return ({"role": "user", "content": value},)
+    return tuple(m for i, item in enumerate(value) if (m := _item(item, i)) is not None)
+
+
+def _check_max_tokens(name: str, value: int | None, settings: Settings) -> None:
+    if value is None:
+        return
+    if value < 1:
+        raise _bad(name, f"'{name}' must be at least 1, got {value}.")
+    limit = settings.limits.max_tokens
+    if value > limit:
+        raise _bad(name, f"'{name}' is {value}; this server allows at most {limit}.")
+
+
+def sampling(
+    settings: Settings,
+    *,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None = None,
+) -> SamplingParams:
+    """Sampling parameters from a request's values and ``[sampling]`` defaults (validated)."""
+    _range("temperature", temperature, 0, 2)
+    _range("top_p", top_p, 0, 1, lo_open=True)
+    if top_k is not None and top_k < 0:
+        raise _bad("top_k", f"'top_k' must be >= 0, got {top_k}.")
+    d = settings.sampling
+    return SamplingParams(
+        temperature=d.temperature if temperature is None else temperature,
+        top_p=d.top_p if top_p is None else top_p,
+        top_k=d.top_k if top_k is None else top_k,
+        min_p=d.min_p,
+    )
+
+
+def _refuse_unsupported(req: ResponsesRequest) -> None:
+    if req.background:
+        raise _unsupported("background", "background responses are not implemented.")
+    if req.conversation is not None:
+        raise _unsupported(
+            "conversation", "conversations are not implemented; use previous_response_id."
+        )
+    if req.prompt is not None:
+        raise _unsupported("prompt", "stored prompt templates are not implemented.")
+    if req.top_logprobs:
+        raise _unsupported("top_logprobs", "logprobs are not implemented on /v1/responses.")
+    if req.truncation not in (None, "disabled"):
+        raise _unsupported(
+            "truncation", "only 'disabled' is implemented: a prompt too long is a 400."
+        )
+    if req.tools and any(t.get("type") == "function" for t in req.tools if isinstance(t, dict)):
+        raise _unsupported("tools", "tool calling is not implemented yet.")
+    if isinstance(req.tool_choice, dict) or req.tool_choice not in (None, "none", "auto"):
+        raise _unsupported("tool_choice", "tool calling is not implemented yet.")
+    fmt = (req.text or {}).get("format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise _unsupported("text.format", "only {'type': 'text'} is implemented yet.")
+
+
+def responses_request(
+    req: ResponsesRequest,
+    settings: Settings,
+    previous: tuple[dict, ...] = (),
+    *,
+    faults: bool = False,
+) -> ResponsesCall:
+    """Validate a Responses request and build the engine's request.
+
+    Args:
+        previous: The stored conversation ``previous_response_id`` names
+            (already looked up by the caller), prepended to ``input``.
+    """
+    _refuse_unsupported(req)
+    if req.mlxd_fault is not None and not faults:
+        raise OpenAIError(
+            400,
+            "Unrecognized request argument supplied: mlxd_fault",
+            code="unknown_parameter",
+            param="mlxd_fault",
+        )
+    _check_max_tokens("max_output_tokens", req.max_output_tokens, settings)
+    sampled = sampling(settings, temperature=req.temperature, top_p=req.top_p)
+    new = input_messages(req.input)
+    if not new:
+        raise _bad("input", "'input' must contain at least one message.")
+    history = (*previous, *new)
+    system = ({"role": "system", "content": req.instructions},) if req.instructions else ()
+    max_tokens = req.max_output_tokens or settings.sampling.max_tokens
+    gen = GenerationRequest(
+        id=f"resp_{uuid.uuid4().hex}",
+        prompt=ChatPrompt((*system, *history)),
+        max_tokens=max_tokens,
+        sampling=sampled,
+        api="responses",
+        fault=req.mlxd_fault,
+    )
+    return ResponsesCall(
+        gen=gen,
+        history=history,
+        echo=_echo(req, sampled),
+        store=req.store is not False,
+        stream=bool(req.stream),
+    )
+
+
+def _echo(req: ResponsesRequest, sampled: SamplingParams) -> dict[str, Any]:
+    """The request fields a Response object repeats back."""
+    reasoning = req.reasoning or {}
+    return {
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": req.previous_response_id,
+        "reasoning": {
+            "effort": reasoning.get("effort"),
+            "summary": reasoning.get("summary"),
+        },
+        "store": req.store is not False,
+        "temperature": sampled.temperature,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+        "tools": [],
+        "top_p": sampled.top_p,
+        "truncation": "disabled",
+        "user": req.user,
+        "background": False,
+        "service_tier": "default",
+    }
