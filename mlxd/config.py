@@ -168,6 +168,11 @@ class ServerSettings(Section):
     log_level: Literal["debug", "info", "warning", "error"] = _field(
         "info", "live", "Log level of the daemon (the --log-level flag wins)."
     )
+    reasoning_field: Literal["reasoning_content", "reasoning", "both"] = _field(
+        "reasoning_content",
+        "live",
+        "Chat field that carries a reasoning model's thinking (message and delta).",
+    )
 
 
 class ModelSettings(Section):
@@ -230,6 +235,9 @@ class LaneSettings(Section):
         "batch", "live", "Lane for repetition, presence or frequency penalties."
     )
     logit_bias: LaneChoice = _field("batch", "live", "Lane for requests with a logit_bias.")
+    constrained: LaneChoice = _field(
+        "batch", "live", "Lane for JSON-schema or forced-tool-call (grammar) requests."
+    )
 
 
 class PromptCacheSettings(Section):

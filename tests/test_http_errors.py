@@ -111,18 +111,18 @@ def test_malformed_bodies(http, model, body, status, code, param):
         ({"n": 2}, "unsupported_parameter", "n"),
         (
             {"tools": [{"type": "function", "function": {"name": "f"}}]},
-            "unsupported_parameter",
+            "tools_unsupported",
             "tools",
         ),
-        ({"response_format": {"type": "json_object"}}, "unsupported_parameter", "response_format"),
+        ({"response_format": {"type": "xml"}}, "invalid_value", "response_format.type"),
         ({"frobnicate": True}, "unknown_parameter", "frobnicate"),
         ({"mlxd_fault": "logits_processor"}, "unknown_parameter", "mlxd_fault"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "invalid_value", "messages[0].role"),
         ({"messages": [{"role": "user"}]}, "invalid_value", "messages[0].content"),
         (
             {"messages": [{"role": "tool", "content": "x"}]},
-            "unsupported_parameter",
-            "messages[0].role",
+            "invalid_value",
+            "messages[0].tool_call_id",
         ),
         (
             {

@@ -17,6 +17,14 @@ Families and their per-layer prompt caches (see :func:`expected_cache_layout`):
 - ``mamba2``: 4 SSM layers, ``ArraysCache`` only.
 - ``falcon_h1``: 2 parallel attention+SSM layers, ``CacheList(ArraysCache, KVCache)``.
 
+Chat-template variants (``template=``, default ``"chatml"``): the same weights and tokenizer
+with a tools-capable template, for tool-calling and reasoning tests:
+
+- ``hermes``: Hermes/Qwen ``<tool_call>{json}</tool_call>`` (mlx-lm's ``json_tools`` parser).
+- ``mistral``: ``[TOOL_CALLS]name[ARGS]{json}`` (mlx-lm's ``mistral`` parser).
+- ``hermes_think``: ``hermes`` plus ``<think>``/``</think>`` added as special tokens (vocab
+  514) and a Qwen3-style ``enable_thinking`` generation prompt.
+
 Use :func:`tiny_model_dir` to get a cached build (built once per content key, atomically) or
 :func:`build_tiny_model` to write one into a directory of your choosing.
 """
@@ -44,6 +52,7 @@ __all__ = [
     "FAMILIES",
     "SLIDING_WINDOW",
     "SPECIAL_TOKENS",
+    "TEMPLATES",
     "build_tiny_model",
     "cache_root",
     "expected_cache_layout",
@@ -68,6 +77,71 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+_HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions.\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first and tools %}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant\n' }}{%- if message.content %}{{ message.content }}{% endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- set tc = tool_call.function if tool_call.function is defined else tool_call %}"
+    '\n<tool_call>\n{"name": "{{ tc.name }}", "arguments": {{ tc.arguments | tojson }}}'
+    "\n</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\n<tool_response>\n' + message.content + "
+    "'\n</tool_response><|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+
+_MISTRAL_TEMPLATE = (
+    "{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' %}[INST]{{ message.content }}[/INST]"
+    "{%- elif message.role == 'system' %}[SYSTEM_PROMPT]{{ message.content }}[/SYSTEM_PROMPT]"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}[TOOL_CALLS]"
+    "{%- for tool_call in message.tool_calls %}"
+    "{{ tool_call.function.name }}[ARGS]{{ tool_call.function.arguments | tojson }}"
+    "{%- endfor %}<|im_end|>"
+    "{%- elif message.role == 'tool' %}[TOOL_RESULTS]{{ message.content }}[/TOOL_RESULTS]"
+    "{%- else %}{{ message.content }}<|im_end|>"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+
+_THINK_PROMPT = (
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\n\n</think>\n\n' }}{%- else %}{{- '<think>\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+# template name -> (chat template, tokenizer_config additions, added special tokens)
+TEMPLATES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
+    "chatml": (CHAT_TEMPLATE, {}, ()),
+    "hermes": (
+        _HERMES_TEMPLATE
+        + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}",
+        {"tool_parser_type": "json_tools"},
+        (),
+    ),
+    "mistral": (_MISTRAL_TEMPLATE, {"tool_parser_type": "mistral"}, ()),
+    "hermes_think": (
+        _HERMES_TEMPLATE + _THINK_PROMPT,
+        {"tool_parser_type": "json_tools"},
+        ("<think>", "</think>"),
+    ),
+}
 
 _CORPUS = """\
 The river runs past the old mill every morning, and the people of the town walk along its
@@ -298,30 +372,44 @@ def _tokenizer_json() -> str:
     return tok.to_str()
 
 
-def _special_ids() -> dict[str, int]:
-    added = json.loads(_tokenizer_json())["added_tokens"]
-    return {t["content"]: t["id"] for t in added}
+@functools.lru_cache(maxsize=8)
+def _tokenizer_json_with(added: tuple[str, ...]) -> str:
+    """The trained tokenizer, with ``added`` special tokens appended after its vocab."""
+    if not added:
+        return _tokenizer_json()
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(_tokenizer_json())
+    tok.add_special_tokens(list(added))
+    return tok.to_str()
 
 
-def _vocab_size() -> int:
+def _special_ids(added: tuple[str, ...] = ()) -> dict[str, int]:
+    tokens = json.loads(_tokenizer_json_with(added))["added_tokens"]
+    return {t["content"]: t["id"] for t in tokens}
+
+
+def _vocab_size(added: tuple[str, ...] = ()) -> int:
     tok = json.loads(_tokenizer_json())
-    return len(tok["model"]["vocab"])
+    return len(tok["model"]["vocab"]) + len(added)
 
 
-def family_config(family: str) -> dict[str, Any]:
+def family_config(family: str, added: tuple[str, ...] = ()) -> dict[str, Any]:
     """The full ``config.json`` content for ``family`` (vocab and special ids filled in)."""
     cfg = copy.deepcopy(_spec(family))
     ids = _special_ids()
-    cfg["vocab_size"] = _vocab_size()
+    cfg["vocab_size"] = _vocab_size(added)
     cfg["eos_token_id"] = ids[EOS_TOKEN]
     cfg["pad_token_id"] = ids[PAD_TOKEN]
     cfg["bos_token_id"] = None
     return cfg
 
 
-def _tokenizer_config() -> dict[str, Any]:
-    ids = _special_ids()
+def _tokenizer_config(template: str = "chatml") -> dict[str, Any]:
+    chat_template, extra, added = TEMPLATES[template]
+    ids = _special_ids(added)
     return {
+        **extra,
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": 4096,
         "bos_token": None,
@@ -331,7 +419,7 @@ def _tokenizer_config() -> dict[str, Any]:
         "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "added_tokens_decoder": {
             str(i): {
                 "content": tok,
@@ -384,20 +472,30 @@ def _random_weights(params: dict[str, mx.array], rng: np.random.Generator) -> di
     return out
 
 
-def build_tiny_model(family: str, out_dir: Path, *, dtype: str = "float32", seed: int = 0) -> Path:
+def build_tiny_model(
+    family: str,
+    out_dir: Path,
+    *,
+    dtype: str = "float32",
+    seed: int = 0,
+    template: str = "chatml",
+) -> Path:
     """Write a random-weight mlx-lm model directory for ``family`` into ``out_dir``.
 
-    The result is deterministic for a given ``(family, dtype, seed)`` (and mlx-lm version)
-    and loads with ``mlx_lm.load(out_dir)``. Returns ``out_dir``.
+    The result is deterministic for a given ``(family, dtype, seed, template)`` (and mlx-lm
+    version) and loads with ``mlx_lm.load(out_dir)``. Returns ``out_dir``.
     """
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {dtype!r}")
+    if template not in TEMPLATES:
+        raise ValueError(f"template must be one of {sorted(TEMPLATES)}, not {template!r}")
+    chat_template, _, added = TEMPLATES[template]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = family_config(family)
+    config = family_config(family, added)
     config["torch_dtype"] = dtype
 
     model_class, args_class = _get_classes(config)
@@ -424,12 +522,14 @@ def build_tiny_model(family: str, out_dir: Path, *, dtype: str = "float32", seed
     mx.save_safetensors(str(out_dir / "model.safetensors"), arrays, metadata={"format": "mlx"})
 
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (out_dir / "tokenizer.json").write_text(_tokenizer_json())
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2) + "\n")
+    (out_dir / "tokenizer.json").write_text(_tokenizer_json_with(added))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(_tokenizer_config(template), indent=2) + "\n"
+    )
     (out_dir / "special_tokens_map.json").write_text(
         json.dumps({"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN}, indent=2) + "\n"
     )
-    (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE + "\n")
+    (out_dir / "chat_template.jinja").write_text(chat_template + "\n")
     return out_dir
 
 
@@ -440,11 +540,13 @@ def cache_root() -> Path:
     return root / "tiny-models"
 
 
-def _content_key(family: str) -> str:
+def _content_key(family: str, template: str = "chatml") -> str:
     import mlx_lm
 
+    variant = {} if template == "chatml" else {"variant": TEMPLATES[template]}
     blob = json.dumps(
         {
+            **variant,
             "version": CONTENT_VERSION,
             "config": _spec(family),
             "corpus": _CORPUS,
@@ -465,6 +567,7 @@ def tiny_model_dir(
     dtype: str = "float32",
     seed: int = 0,
     cache_dir: Path | None = None,
+    template: str = "chatml",
 ) -> Path:
     """A cached build of ``family``, built on first use and reused afterwards.
 
@@ -476,13 +579,14 @@ def tiny_model_dir(
     """
     _spec(family)
     root = (Path(cache_dir) if cache_dir is not None else cache_root()) / CONTENT_VERSION
-    final = root / f"{family}-{dtype}-{seed}-{_content_key(family)}"
+    name = family if template == "chatml" else f"{family}+{template}"
+    final = root / f"{name}-{dtype}-{seed}-{_content_key(family, template)}"
     if final.is_dir():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        build_tiny_model(family, tmp, dtype=dtype, seed=seed)
+        build_tiny_model(family, tmp, dtype=dtype, seed=seed, template=template)
         try:
             os.rename(tmp, final)
         except OSError:

@@ -35,6 +35,7 @@ from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.engine.channel import RequestHandle
 from mlxd.engine.lanes import LaneDecision
 from mlxd.engine.messages import Accepted, Delta, Failed, Finished, GenerationRequest
+from mlxd.engine.structure import TOOL_GRAMMAR_FORMATS
 
 
 def key_accepted(headers: Any, keys: list[Any]) -> bool:
@@ -133,7 +134,7 @@ class ChatOutput:
         return [first] if first else []
 
     def stream_delta(self, delta: Delta) -> list[bytes]:
-        if delta.text or (self.r.logprobs and delta.logprobs):
+        if self.r.has_output(delta):
             return [self.r.delta_chunk(delta, with_usage=self.usage)]
         return []
 
@@ -142,6 +143,22 @@ class ChatOutput:
 
     def stream_error(self, failed: Failed) -> list[bytes]:
         return [sse_error(OpenAIError.from_failed(failed).body())]
+
+
+async def warm_constraint(
+    state: AppState, gen: GenerationRequest, *, json_param: str, tools_param: str
+) -> None:
+    """Compile a request's grammar before it is queued; a 400 when it cannot be."""
+    if gen.constraint is None:
+        return
+    error = await state.engine.warm_grammar(gen.constraint)
+    if error is not None:
+        raise OpenAIError(
+            400,
+            f"The grammar cannot be compiled for this model: {error}",
+            code="invalid_schema",
+            param=json_param if gen.constraint.kind == "json" else tools_param,
+        )
 
 
 async def _sse(
@@ -258,11 +275,18 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
     body = await read_body(request, state.settings.limits.max_body_bytes)
     req = decode(body, schema)
     check_model(state, req.model)
-    gen = build(req, state.settings, faults=state.fault_injection)
+    gen = build(req, state.settings, faults=state.fault_injection, info=state.engine.model_info)
+    await warm_constraint(state, gen, json_param="response_format", tools_param="tool_choice")
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
 
     def make_output(accepted: Accepted) -> Output:
-        renderer = Renderer(kind, gen.id, accepted.model, logprobs=gen.logprobs)
+        renderer = Renderer(
+            kind,
+            gen.id,
+            accepted.model,
+            logprobs=gen.logprobs,
+            reasoning_field=state.settings.server.reasoning_field,
+        )
         return ChatOutput(renderer, usage)
 
     return await generate(request, state, gen, make_output, stream=req.stream)
@@ -275,4 +299,12 @@ def _model_json(info: Any) -> dict[str, Any]:
         "created": info.created,
         "owned_by": "mlxd",
         "context_length": info.context_length,
+        # Extension: what this model can do beyond plain chat.
+        "capabilities": {
+            "tools": info.tool_format is not None,
+            "tool_format": info.tool_format,
+            "tool_choice_required": info.tool_format in TOOL_GRAMMAR_FORMATS,
+            "structured_output": info.structured_output,
+            "reasoning": info.reasoning,
+        },
     }

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from mlxd.engine.messages import Delta, Finished, TokenLogprob, Usage
+from mlxd.engine.messages import Delta, Finished, TokenLogprob, ToolCall, Usage
 
 Kind = Literal["chat", "completion"]
 FINGERPRINT = "mlxd"
@@ -32,6 +32,26 @@ def _chat_logprob(lp: TokenLogprob) -> dict[str, Any]:
             {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)} for t in lp.top
         ],
     }
+
+
+def tool_call_json(call: ToolCall, *, index: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+    if index:
+        out = {"index": call.index, **out}
+    return out
+
+
+def reasoning_fields(text: str, field: str) -> dict[str, str]:
+    """The reasoning text under the configured name(s) (``[server] reasoning_field``)."""
+    if not text:
+        return {}
+    if field == "both":
+        return {"reasoning_content": text, "reasoning": text}
+    return {field: text}
 
 
 @dataclass
@@ -63,8 +83,19 @@ class _LegacyLogprobs:
 class Renderer:
     """Builds the response objects for one request."""
 
-    def __init__(self, kind: Kind, request_id: str, model: str, *, logprobs: bool):
+    def __init__(
+        self,
+        kind: Kind,
+        request_id: str,
+        model: str,
+        *,
+        logprobs: bool,
+        reasoning_field: str = "reasoning_content",
+    ):
         self.kind = kind
+        self.reasoning_field = reasoning_field
+        self._reasoning: list[str] = []
+        self._calls: list[ToolCall] = []
         self.id = request_id
         self.model = model
         self.created = int(time.time())
@@ -83,14 +114,26 @@ class Renderer:
             else:
                 self._legacy.add(delta.logprobs, self._length)
         self._text.append(delta.text)
+        self._reasoning.append(delta.reasoning)
+        self._calls.extend(delta.tool_calls)
         self._length += len(delta.text)
+
+    def _message(self, text: str) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if self._calls and not text else text,
+        }
+        message.update(reasoning_fields("".join(self._reasoning), self.reasoning_field))
+        if self._calls:
+            message["tool_calls"] = [tool_call_json(c, index=False) for c in self._calls]
+        return message
 
     def response(self, finished: Finished) -> dict[str, Any]:
         text = "".join(self._text)
         if self.kind == "chat":
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": self._message(text),
                 "logprobs": {"content": self._chat_lps} if self.logprobs else None,
                 "finish_reason": finished.finish_reason,
             }
@@ -130,6 +173,12 @@ class Renderer:
             obj["usage"] = usage
         return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
+    def has_output(self, delta: Delta) -> bool:
+        """Whether a delta is worth a chunk of its own."""
+        if delta.text or (self.logprobs and delta.logprobs):
+            return True
+        return self.kind == "chat" and bool(delta.reasoning or delta.tool_calls)
+
     def first_chunk(self, *, with_usage: bool) -> bytes | None:
         if self.kind != "chat":
             return None
@@ -146,9 +195,15 @@ class Renderer:
             lps = (
                 {"content": [_chat_logprob(lp) for lp in delta.logprobs]} if self.logprobs else None
             )
+            body: dict[str, Any] = {}
+            if delta.text or not (delta.reasoning or delta.tool_calls):
+                body["content"] = delta.text
+            body.update(reasoning_fields(delta.reasoning, self.reasoning_field))
+            if delta.tool_calls:
+                body["tool_calls"] = [tool_call_json(c, index=True) for c in delta.tool_calls]
             choice = {
                 "index": 0,
-                "delta": {"content": delta.text},
+                "delta": body,
                 "logprobs": lps,
                 "finish_reason": None,
             }

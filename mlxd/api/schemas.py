@@ -15,10 +15,12 @@ from typing import Any
 import msgspec
 
 from mlxd.api.errors import OpenAIError
+from mlxd.api.tools import history_message, response_constraint, template_kwargs, tool_plan
 from mlxd.config import Settings
 from mlxd.engine.messages import (
     ChatPrompt,
     GenerationRequest,
+    ModelInfo,
     PenaltyParams,
     SamplingParams,
     TextPrompt,
@@ -61,7 +63,6 @@ class ChatRequest(_Common, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    # Known OpenAI parameters that mlxd refuses unless they ask for nothing.
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -73,6 +74,8 @@ class ChatRequest(_Common, kw_only=True):
     prediction: Any = None
     reasoning_effort: str | None = None
     web_search_options: Any = None
+    # Extension (vLLM, mlx_lm.server): extra chat template variables.
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -82,6 +85,8 @@ class CompletionRequest(_Common, kw_only=True):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
+    # Extension: structured output for raw completions too.
+    response_format: dict[str, Any] | None = None
 
 
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
@@ -174,26 +179,30 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[dict, ...]:
         raise _bad("messages", "'messages' must contain at least one message.")
     out = []
     for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise _bad(f"messages[{i}]", f"messages[{i}] must be an object.")
         role = m.get("role")
-        if role not in ("system", "developer", "user", "assistant"):
-            if role == "tool":
-                raise _unsupported(
-                    f"messages[{i}].role",
-                    "tool messages need tool calling, which is not implemented yet.",
-                )
+        if role not in ("system", "developer", "user", "assistant", "tool"):
             raise _bad(
                 f"messages[{i}].role",
-                f"Invalid role {role!r}: use system, developer, user or assistant.",
+                f"Invalid role {role!r}: use system, developer, user, assistant or tool.",
             )
-        if m.get("tool_calls") or m.get("function_call"):
-            raise _unsupported(f"messages[{i}].tool_calls", "tool calling is not implemented yet.")
-        if "content" not in m or m["content"] is None:
-            raise _bad(f"messages[{i}].content", f"messages[{i}] has no content.")
-        extra = set(m) - {"role", "content", "name"}
+        if m.get("function_call"):
+            raise _unsupported(
+                f"messages[{i}].function_call", "the legacy function_call; use tool_calls."
+            )
+        extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
         if extra:
             raise _bad(
                 f"messages[{i}]", f"Unrecognized message field(s): {', '.join(sorted(extra))}."
             )
+        if role == "tool" or (role == "assistant" and m.get("tool_calls")):
+            content = m.get("content")
+            text = None if content is None else _text_content(content, i)
+            out.append(history_message(m, i, text))
+            continue
+        if "content" not in m or m["content"] is None:
+            raise _bad(f"messages[{i}].content", f"messages[{i}] has no content.")
         out.append(
             {
                 "role": "system" if role == "developer" else role,
@@ -274,20 +283,18 @@ def _common(
 
 
 def chat_request(
-    req: ChatRequest, settings: Settings, *, faults: bool = False
+    req: ChatRequest, settings: Settings, *, faults: bool = False, info: ModelInfo | None = None
 ) -> GenerationRequest:
     """Validate a chat completion and build the engine's request."""
-    if req.tools or req.functions:
-        raise _unsupported("tools", "tool calling is not implemented yet.")
-    if req.tool_choice not in (None, "none", "auto") or req.function_call not in (
-        None,
-        "none",
-        "auto",
-    ):
-        raise _unsupported("tool_choice", "tool calling is not implemented yet.")
-    if req.response_format and req.response_format.get("type") != "text":
-        raise _unsupported(
-            "response_format", "only {'type': 'text'} is implemented (no JSON mode yet)."
+    if req.functions or req.function_call is not None:
+        raise _unsupported("functions", "the legacy functions/function_call; use tools.")
+    plan = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, info)
+    constraint = response_constraint(req.response_format)
+    if constraint is not None and plan.constraint is not None:
+        raise _bad(
+            "response_format",
+            "A JSON response_format and a forced tool call (tool_choice 'required' or a named "
+            "function) cannot both constrain one answer.",
         )
     if req.modalities and req.modalities != ["text"]:
         raise _unsupported("modalities", "mlxd generates text only.")
@@ -305,9 +312,13 @@ def chat_request(
     common = _common(req, settings, max_tokens=max_tokens, faults=faults)
     return GenerationRequest(
         id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        prompt=ChatPrompt(_messages(req.messages)),
+        prompt=ChatPrompt(
+            _messages(req.messages), plan.tools, template_kwargs(req.chat_template_kwargs)
+        ),
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
+        parse_tools=plan.parse,
+        constraint=constraint or plan.constraint,
         **common,
     )
 
@@ -342,7 +353,11 @@ def _completion_prompt(prompt: str | list[Any]) -> TextPrompt | TokenPrompt:
 
 
 def completion_request(
-    req: CompletionRequest, settings: Settings, *, faults: bool = False
+    req: CompletionRequest,
+    settings: Settings,
+    *,
+    faults: bool = False,
+    info: ModelInfo | None = None,
 ) -> GenerationRequest:
     """Validate a legacy completion and build the engine's request."""
     if req.echo:
@@ -363,5 +378,6 @@ def completion_request(
         prompt=engine_prompt,
         logprobs=req.logprobs is not None,
         top_logprobs=req.logprobs or 0,
+        constraint=response_constraint(req.response_format),
         **common,
     )

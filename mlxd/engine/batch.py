@@ -71,7 +71,7 @@ class BatchLane:
     def insert(self, row: Row, cache: list[Any] | None, rest: list[int]) -> None:
         """Hand an admitted row to the generator, starting from ``cache`` if any."""
         sampler = build_sampler(row.request)
-        processors = build_processors(row.request, faults=self._faults)
+        processors = build_processors(row.request, faults=self._faults, constraint=row.matcher)
         (uid,) = self._gen.insert(
             [rest],
             max_tokens=[row.max_tokens],

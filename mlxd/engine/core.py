@@ -26,6 +26,7 @@ from mlxd.engine.emit import TextStream
 from mlxd.engine.intake import Prepared, prepare
 from mlxd.engine.messages import Accepted, Failed, GenerationRequest
 from mlxd.engine.model import LoadedModel
+from mlxd.engine.output import make_output
 from mlxd.engine.prompt_cache import PromptCache
 from mlxd.engine.row import Row
 from mlxd.engine.serial import SerialRun
@@ -159,6 +160,8 @@ class EngineCore:
             max_tokens=prepared.max_tokens,
             text=TextStream(loaded.tokenizer.detokenizer, request.stop),
             tokenizer=loaded.tokenizer,
+            output=make_output(loaded, request, prepared.phase),
+            matcher=prepared.constraint,
             received_mono=now_mono,
             received_wall=now_wall,
             extent=prepared.extent,
@@ -187,6 +190,8 @@ class EngineCore:
                 )
                 row.tokenizer = loaded.tokenizer
                 row.text = TextStream(loaded.tokenizer.detokenizer, row.request.stop)
+                row.output = make_output(loaded, row.request, prepared.phase)
+                row.matcher = prepared.constraint
                 row.prefetched = None
         if not loaded.capabilities.batchable:
             while self.pending:

@@ -24,7 +24,7 @@ from mlxd.config import ModelSettings, Settings
 from mlxd.engine.channel import Channel, RequestHandle
 from mlxd.engine.core import EngineCore
 from mlxd.engine.intake import IntakeError, tokenize
-from mlxd.engine.messages import Failed, GenerationRequest, ModelInfo
+from mlxd.engine.messages import Constraint, Failed, GenerationRequest, ModelInfo
 from mlxd.engine.model import ModelLoadError, load_model
 from mlxd.engine.snapshot import Snapshot
 
@@ -108,6 +108,8 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
         self._snapshot = self._core.snapshot(state="starting")
         self.model_info: ModelInfo | None = None
+        # The loaded model's grammar compiler (no MLX state; thread-safe).
+        self.grammars: Any = None
 
     # ------------------------------------------------------------ public API
 
@@ -128,6 +130,18 @@ class Engine:
         channel = Channel(asyncio.get_running_loop())
         self._inbox.put(_Submit(request, channel))
         return RequestHandle(request.id, channel, self.cancel)
+
+    async def warm_grammar(self, constraint: Constraint) -> str | None:
+        """Compile ``constraint`` for the loaded model in a worker thread, so the
+        engine thread finds it cached. Returns an error message, or None."""
+        grammars = self.grammars
+        if grammars is None:
+            return None
+        try:
+            await asyncio.to_thread(grammars.warm, constraint)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     def cancel(self, request_id: str) -> None:
         """Cancel a request; its row leaves before the next step. Thread-safe."""
@@ -230,6 +244,7 @@ class Engine:
             core.model_status, core.model_error = "failed", f"loading the model failed: {exc!r}"
         else:
             core.install_model(loaded)
+            self.grammars = loaded.grammars
             self.model_info = loaded.info
         self._loaded_event.set()
         self._publish()
@@ -249,6 +264,7 @@ class Engine:
             raise
         core.install_model(loaded)
         core.retokenize_queued()
+        self.grammars = loaded.grammars
         self.model_info = loaded.info
         gc.collect()
         import mlx.core as mx

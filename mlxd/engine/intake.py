@@ -8,13 +8,23 @@ and the Hugging Face tokenizer is never shared between threads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from mlxd.config import Settings
 from mlxd.engine import admission
 from mlxd.engine.admission import RowExtent
+from mlxd.engine.grammar import ConstraintProcessor, GrammarError
 from mlxd.engine.lanes import LaneDecision, decide
-from mlxd.engine.messages import ChatPrompt, Failed, GenerationRequest, TextPrompt, TokenPrompt
+from mlxd.engine.messages import (
+    ChatPrompt,
+    Constraint,
+    Failed,
+    GenerationRequest,
+    TextPrompt,
+    TokenPrompt,
+)
 from mlxd.engine.model import LoadedModel
+from mlxd.engine.output import initial_phase
 
 
 class IntakeError(ValueError):
@@ -28,7 +38,7 @@ class IntakeError(ValueError):
 
 def _plain_chat(messages: tuple[dict, ...]) -> str:
     # For models without a chat template, the same fallback mlx-lm uses.
-    lines = [f"{m['role']}: {m['content']}" for m in messages]
+    lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
     return "\n".join(lines) + "\nassistant:"
 
 
@@ -44,8 +54,11 @@ def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
     if isinstance(prompt, ChatPrompt):
         messages = [dict(m) for m in prompt.messages]
         if tokenizer.has_chat_template:
+            kwargs = dict(prompt.template_kwargs)
+            if prompt.tools:
+                kwargs["tools"] = [dict(t) for t in prompt.tools]
             try:
-                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
             except Exception as exc:  # jinja2 TemplateError and friends
                 raise IntakeError(
                     f"the model's chat template rejected these messages: {exc}", param="messages"
@@ -78,6 +91,36 @@ class Prepared:
     max_tokens: int
     decision: LaneDecision
     extent: RowExtent
+    # Where the output starts: "reasoning" when the prompt opened a think block.
+    phase: str = "normal"
+    # The row's grammar, as a logits processor (mlxd.engine.grammar).
+    constraint: Any = None
+
+
+def check_tools(loaded: LoadedModel, request: GenerationRequest) -> Failed | None:
+    """Tools need the model's tool parser; an enforced call needs its format."""
+    tool_format = loaded.info.tool_format
+    wants = request.parse_tools or (
+        request.constraint is not None and request.constraint.kind == "tools"
+    )
+    if wants and tool_format is None:
+        return Failed(
+            "tools_unsupported",
+            f"The model '{loaded.info.id}' has no tool-call parser, so it cannot take "
+            "'tools' (send tool_choice 'none', or serve a model with tool calling).",
+            400,
+            param="tools",
+        )
+    c = request.constraint
+    if c is not None and c.kind == "tools" and c.tool_format != tool_format:
+        return Failed(
+            "tools_unsupported",
+            f"This request's tool grammar was built for the {c.tool_format} format, but the "
+            f"model '{loaded.info.id}' uses {tool_format}; send it again.",
+            400,
+            param="tool_choice",
+        )
+    return None
 
 
 def prepare(
@@ -89,6 +132,9 @@ def prepare(
     leaves no room, or a request whose KV projection alone exceeds the budget
     (it could never be admitted), is refused with a 400 that says why.
     """
+    refused = check_tools(loaded, request)
+    if refused is not None:
+        return refused
     try:
         prompt = tokenize(loaded, request)
     except IntakeError as exc:
@@ -115,4 +161,30 @@ def prepare(
             400,
         )
     decision = decide(request, batch.size, settings.lanes, loaded.capabilities)
-    return Prepared(prompt, max_tokens, decision, extent)
+    chat = isinstance(request.prompt, ChatPrompt)
+    phase = initial_phase(loaded.tokenizer, prompt) if chat else "normal"
+    processor = None
+    if request.constraint is not None:
+        processor = constraint_processor(loaded, request.constraint, phase)
+        if isinstance(processor, Failed):
+            return processor
+    return Prepared(prompt, max_tokens, decision, extent, phase, processor)
+
+
+def constraint_processor(loaded: LoadedModel, constraint: Constraint, phase: str) -> Any:
+    """The row's grammar matcher as a logits processor, or a 400 saying why not."""
+    if loaded.grammars is None:
+        return Failed(
+            "invalid_request",
+            f"Structured output is not available for the model '{loaded.info.id}' "
+            "(llguidance could not read its tokenizer).",
+            400,
+            param="response_format",
+        )
+    try:
+        matcher = loaded.grammars.matcher(constraint)
+    except GrammarError as exc:
+        return Failed("invalid_schema", f"The grammar cannot be compiled: {exc}", 400)
+    tok = loaded.tokenizer
+    think_end = tok.think_end_tokens if getattr(tok, "has_thinking", False) else None
+    return ConstraintProcessor(matcher, think_end=think_end, reasoning=phase == "reasoning")

@@ -63,4 +63,6 @@ def decide(
         return LaneDecision("serial", "penalties")
     if request.penalties.logit_bias and policy.logit_bias == "serial":
         return LaneDecision("serial", "logit_bias")
+    if request.constraint is not None and policy.constrained == "serial":
+        return LaneDecision("serial", "constrained")
     return LaneDecision("batch", "batchable")

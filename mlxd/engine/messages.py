@@ -13,14 +13,24 @@ from typing import Literal
 Lane = Literal["batch", "serial"]
 # Which HTTP API a request came in through (shown in /stats and the dashboard).
 Api = Literal["chat", "completions", "responses", "messages"]
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 @dataclass(frozen=True)
 class ChatPrompt:
-    """OpenAI chat messages, rendered with the model's chat template on intake."""
+    """Chat messages, rendered with the model's chat template on intake.
+
+    ``tools`` are function definitions in the Hugging Face template shape
+    (``{"type": "function", "function": {name, description, parameters}}``),
+    passed to the template as ``tools=``; ``template_kwargs`` are extra
+    template variables (``chat_template_kwargs``, e.g. ``enable_thinking``).
+    Assistant messages may carry ``tool_calls`` and ``tool`` messages a
+    ``tool_call_id``, in the same shape.
+    """
 
     messages: tuple[dict, ...]
+    tools: tuple[dict, ...] = ()
+    template_kwargs: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,22 @@ class PenaltyParams:
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """A grammar the row's tokens must follow (llguidance's JSON grammar format).
+
+    Built and checked before the request is queued (``mlxd.engine.structure``);
+    ``key`` hashes the grammar and keys the compiled-grammar cache. ``kind``
+    is what ``/stats`` shows: ``json`` (response_format) or ``tools`` (an
+    enforced tool call, whose grammar is in the model's ``tool_format``).
+    """
+
+    kind: Literal["json", "tools"]
+    grammar: str
+    key: str
+    tool_format: str | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation, as the engine receives it.
 
@@ -80,6 +106,9 @@ class GenerationRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     api: Api = "chat"
+    # Split tool calls out of the output with the model's tool parser.
+    parse_tools: bool = False
+    constraint: Constraint | None = None
     # Test-only fault injection (see docs/testing.md); ignored unless the
     # engine was built with fault injection enabled.
     fault: str | None = None
@@ -116,12 +145,34 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One parsed tool call; ``arguments`` is a JSON object as text.
+
+    ``index`` counts the calls of one answer from 0. A call the model's parser
+    could not read never becomes a ToolCall: its raw text is sent as ``text``
+    instead (and counted), so nothing is dropped silently.
+    """
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Delta:
-    """New text (possibly empty while a stop string may be forming) and tokens."""
+    """New output: answer text (possibly empty while a stop string may be
+    forming), reasoning text, finished tool calls, and the tokens.
+
+    ``text`` never contains think or tool-call markers when the model has
+    them: reasoning goes to ``reasoning``, calls to ``tool_calls``.
+    """
 
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +211,8 @@ ErrorCode = Literal[
     "cancelled",
     "generation_error",
     "invalid_request",
+    "invalid_schema",
+    "tools_unsupported",
 ]
 
 
@@ -188,3 +241,10 @@ class ModelInfo:
     created: int
     batchable: bool
     cache_kinds: tuple[str, ...] = field(default_factory=tuple)
+    # mlx-lm's tool parser module for this tokenizer (json_tools, mistral, ...),
+    # None when the model has no tool calling.
+    tool_format: str | None = None
+    # The model's think markers, when it has them.
+    reasoning: bool = False
+    # llguidance could read the tokenizer: response_format and forced calls work.
+    structured_output: bool = False

@@ -42,6 +42,8 @@ class LoadedModel:
     # Prompt-cache entries are keyed by this, so a swapped model never sees
     # another model's cache.
     key: str
+    # llguidance's tokenizer and compiled-grammar cache (mlxd.engine.grammar).
+    grammars: Any = None
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
@@ -98,6 +100,32 @@ def _capabilities(model: Any) -> Capabilities:
     return Capabilities(True)
 
 
+def tool_format(tokenizer: Any) -> str | None:
+    """The mlx-lm tool parser module the tokenizer loaded (json_tools, mistral, ...)."""
+    if not tokenizer.has_tool_calling:
+        return None
+    name = tokenizer.init_kwargs.get("tool_parser_type")
+    if name:
+        return str(name)
+    module = getattr(tokenizer.tool_parser, "__module__", "") or ""
+    return module.rsplit(".", 1)[-1] or "unknown"
+
+
+def _grammars(tokenizer: Any, model: Any) -> Any:
+    """llguidance's tokenizer, built once per model (up to ~1 s on big vocabularies)."""
+    from mlxd.engine.grammar import Grammars, make_ll_tokenizer
+
+    width = int(model(mx.array([[0]])).shape[-1])
+    started = time.perf_counter()
+    try:
+        grammars = Grammars(make_ll_tokenizer(tokenizer, width), width)
+    except Exception:
+        logger.exception("llguidance cannot read this tokenizer; structured output is off")
+        return None
+    logger.info("grammar tokenizer built in %.2fs", time.perf_counter() - started)
+    return grammars
+
+
 def measure_layout(model: Any) -> CacheLayout:
     """Measure each layer's cache by running one token through a fresh cache.
 
@@ -146,6 +174,7 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
     )
     layout = measure_layout(model)
     capabilities = _capabilities(model)
+    grammars = _grammars(tokenizer, model)
     info = ModelInfo(
         id=model_id,
         path=str(path),
@@ -154,6 +183,9 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
         created=int(time.time()),
         batchable=capabilities.batchable,
         cache_kinds=layout.kinds,
+        tool_format=tool_format(tokenizer),
+        reasoning=bool(tokenizer.has_thinking),
+        structured_output=grammars is not None,
     )
     logger.info(
         "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, caches %s, %s",
@@ -174,6 +206,7 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
         capabilities=capabilities,
         weights_bytes=weights,
         key=f"{path}#{generation}",
+        grammars=grammars,
     )
 
 

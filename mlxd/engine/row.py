@@ -20,6 +20,7 @@ from mlxd.engine.messages import (
     Delta,
     Failed,
     Finished,
+    FinishReason,
     GenerationRequest,
     Lane,
     Timings,
@@ -27,6 +28,7 @@ from mlxd.engine.messages import (
     TopLogprob,
     Usage,
 )
+from mlxd.engine.output import OutputSplitter, Split
 
 Phase = Literal["pending", "queued", "prefill", "decode"]
 
@@ -41,6 +43,7 @@ class Row:
     max_tokens: int
     text: TextStream
     tokenizer: Any
+    output: OutputSplitter
     received_mono: float
     received_wall: float
     phase: Phase = "pending"
@@ -58,6 +61,8 @@ class Row:
     admitted_mono: float | None = None
     first_token_mono: float | None = None
     cancelled: bool = False
+    # The row's grammar matcher (mlxd.engine.grammar), when it is constrained.
+    matcher: Any = None
     # Set when something raised for this row alone (its logits processor,
     # sampler or detokenizer); the engine removes the row and reports it.
     error: BaseException | None = None
@@ -87,20 +92,33 @@ class Row:
             if self.request.logprobs and logprobs is not None
             else ()
         )
-        self.channel.push(Delta(piece.text, (token,), lps))
+        self._push(self.output.feed(piece.text), (token,), lps)
         return piece.stopped
+
+    def _push(self, split: Split, tokens: tuple[int, ...], lps: tuple = ()) -> None:
+        if tokens or split.text or split.reasoning or split.tool_calls:
+            self.channel.push(
+                Delta(split.text, tokens, lps, split.reasoning, tuple(split.tool_calls))
+            )
 
     def finish(
         self, reason: Literal["stop", "length"], *, stopped_by_string: bool = False
     ) -> Finished:
-        """Release held text and send the final event."""
+        """Release held text and send the final event.
+
+        A row that made a tool call and ended on its own (not cut by length)
+        finishes with ``tool_calls``.
+        """
         if not stopped_by_string:
             piece = self.text.finish()
-            if piece.text:
-                self.channel.push(Delta(piece.text, ()))
+            self._push(self.output.feed(piece.text), ())
             if piece.stopped:
                 reason = "stop"
-        event = Finished(reason, self.usage(), self.timings(), stop_sequence=self.text.matched)
+        self._push(self.output.finish(), ())
+        final: FinishReason = reason
+        if reason == "stop" and self.output.calls:
+            final = "tool_calls"
+        event = Finished(final, self.usage(), self.timings(), stop_sequence=self.text.matched)
         self.channel.push(event)
         return event
 

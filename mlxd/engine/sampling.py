@@ -32,7 +32,11 @@ def build_sampler(request: GenerationRequest) -> Sampler | None:
     return make_sampler(s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
 
 
-def build_processors(request: GenerationRequest, *, faults: bool) -> list[Processor]:
+def build_processors(
+    request: GenerationRequest, *, faults: bool, constraint: Processor | None = None
+) -> list[Processor]:
+    """The row's processors: penalties and logit_bias, then its grammar mask (last,
+    so nothing can re-allow a token the grammar forbids)."""
     p = request.penalties
     processors = make_logits_processors(
         dict(p.logit_bias) or None,
@@ -43,6 +47,8 @@ def build_processors(request: GenerationRequest, *, faults: bool) -> list[Proces
         p.frequency_penalty or None,
         20,
     )
+    if constraint is not None:
+        processors.append(constraint)
     if faults and request.fault:
         processors.append(_faulty_processor(request.fault))
     return processors

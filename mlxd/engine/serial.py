@@ -65,7 +65,7 @@ class SerialRun:
         self._pump = pump
         self.cache = cache if cache is not None else make_prompt_cache(loaded.model)
         sampler = build_sampler(row.request)
-        processors = build_processors(row.request, faults=faults)
+        processors = build_processors(row.request, faults=faults, constraint=row.matcher)
         if row.request.sampling.seed is not None:
             # The serial lane runs alone, so the global generator is this row's.
             mx.random.seed(row.request.sampling.seed)

@@ -1,0 +1,163 @@
+"""Constrained decoding with llguidance: one matcher per row, as its logits processor.
+
+A :class:`Grammars` is built once per loaded model (the llguidance tokenizer
+takes up to a second on a large vocabulary). It compiles grammars into
+matchers and keeps the compiled ones in an LRU keyed by the grammar's hash;
+a row gets a copy. Compiling may happen on any thread (the HTTP side warms
+the cache before submitting, so the engine thread usually only copies); the
+matcher constructor releases the GIL.
+
+The mask is applied inside the batched step as the row's own logits
+processor, so a constrained row and a free row share one ``BatchGenerator``
+and the free row's logits are never touched.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from llguidance import LLMatcher, LLTokenizer
+
+from mlxd.engine.messages import Constraint
+
+
+class GrammarError(ValueError):
+    """The grammar cannot be compiled for this model."""
+
+
+def make_ll_tokenizer(tokenizer: Any, width: int) -> LLTokenizer:
+    """llguidance's view of the model's tokenizer, sized to the logits width.
+
+    Every EOS id of the model ends a constrained row; ``width`` is the logits'
+    last dimension, which is often padded past the tokenizer's vocabulary.
+    """
+    backend = copy.copy(tokenizer._tokenizer.backend_tokenizer)
+    backend.no_padding()
+    backend.no_truncation()
+    n_vocab = max(width, len(tokenizer))
+    eos = sorted(tokenizer.eos_token_ids)
+    return LLTokenizer(backend.to_str(), n_vocab=n_vocab, eos_token=eos)
+
+
+class Grammars:
+    """The model's llguidance tokenizer and its compiled-grammar LRU (thread-safe)."""
+
+    def __init__(self, ll_tokenizer: LLTokenizer, width: int, *, capacity: int = 64):
+        self.tokenizer = ll_tokenizer
+        self.width = width
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, LLMatcher] = OrderedDict()
+        # (seconds, cached) per compile request, read by /stats and /metrics.
+        self.compiles: list[tuple[float, bool]] = []
+
+    def warm(self, constraint: Constraint) -> None:
+        """Compile ``constraint`` into the cache (any thread); raises GrammarError."""
+        self.matcher(constraint)
+
+    def matcher(self, constraint: Constraint) -> LLMatcher:
+        """A fresh matcher for ``constraint``: a copy of the cached compiled one."""
+        started = time.perf_counter()
+        with self._lock:
+            cached = self._cache.get(constraint.key)
+            if cached is not None:
+                self._cache.move_to_end(constraint.key)
+        hit = cached is not None
+        if cached is None:
+            cached = LLMatcher(self.tokenizer, constraint.grammar, log_level=0)
+            if cached.is_error():
+                raise GrammarError(cached.get_error())
+            with self._lock:
+                self._cache[constraint.key] = cached
+                while len(self._cache) > self._capacity:
+                    self._cache.popitem(last=False)
+        with self._lock:
+            fresh = cached.deep_copy()
+            self.compiles.append((time.perf_counter() - started, hit))
+            del self.compiles[:-1024]
+        return fresh
+
+    def take_compiles(self) -> list[tuple[float, bool]]:
+        with self._lock:
+            out, self.compiles = self.compiles, []
+        return out
+
+
+def _portable_mask(bitmask: bytes, width: int) -> mx.array:
+    bits = np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little")[:width]
+    return mx.array(bits.astype(np.bool_))
+
+
+def _metal_apply(logits: mx.array, bitmask: bytes) -> mx.array:
+    from llguidance.mlx import apply_token_bitmask_kernel
+
+    mask = mx.array(np.frombuffer(bitmask, dtype=np.int32)[None, :])
+    return apply_token_bitmask_kernel(logits, mask)
+
+
+def apply_mask(logits: mx.array, bitmask: bytes, *, metal: bool) -> mx.array:
+    """Set every token the bitmask forbids to -inf (``logits`` is ``(1, width)``).
+
+    On Apple silicon llguidance's Metal kernel does it; elsewhere (the Linux
+    CPU backend, which has no Metal) a numpy unpack and ``mx.where``.
+    """
+    if metal:
+        return _metal_apply(logits, bitmask)
+    allowed = _portable_mask(bitmask, logits.shape[-1])
+    return mx.where(allowed, logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+
+class ConstraintProcessor:
+    """A row's matcher as an mlx-lm logits processor ``(tokens, logits) -> logits``.
+
+    mlx-lm calls it with the row's context (the prompt on the first call,
+    then one more sampled token per call). Each new token is fed to the
+    matcher before the next mask. While the output is inside the model's
+    think markers the row runs free; the grammar starts after ``think_end``.
+    """
+
+    def __init__(
+        self,
+        matcher: LLMatcher,
+        *,
+        think_end: Sequence[int] | None = None,
+        reasoning: bool = False,
+        metal: bool | None = None,
+    ):
+        self.matcher = matcher
+        self._think_end = tuple(think_end or ())
+        self.active = not (reasoning and self._think_end)
+        self._base: int | None = None
+        self._seen = 0
+        self._tail: list[int] = []
+        self._metal = mx.metal.is_available() if metal is None else metal
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._base is None:
+            self._base = int(tokens.shape[-1])
+        else:
+            new = tokens[self._base + self._seen :].tolist()
+            self._seen += len(new)
+            self._consume(new)
+        if not self.active:
+            return logits
+        return apply_mask(logits, self.matcher.compute_bitmask(), metal=self._metal)
+
+    def _consume(self, new: list[int]) -> None:
+        for token in new:
+            if not self.active:
+                self._tail = [*self._tail, token][-len(self._think_end) :]
+                if tuple(self._tail) == self._think_end:
+                    self.active = True
+                continue
+            if not self.matcher.consume_token(token):
+                raise GrammarError(
+                    f"the grammar rejected token {token}: {self.matcher.get_error()}"
+                )
