@@ -17,7 +17,14 @@ from litestar.response import Stream
 
 from mlxd.api.body import read_body
 from mlxd.api.errors import OpenAIError
-from mlxd.api.openai import Output, api_key_guard, check_accepting, check_model, generate
+from mlxd.api.openai import (
+    Output,
+    api_key_guard,
+    check_accepting,
+    check_model,
+    generate,
+    warm_constraint,
+)
 from mlxd.api.responses_render import ResponsesOutput
 from mlxd.api.responses_schema import ResponsesRequest, responses_request
 from mlxd.api.schemas import decode
@@ -71,12 +78,15 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
         if stored is None:
             raise _not_found(req.previous_response_id, status=400, param="previous_response_id")
         previous = stored.messages
-    call = responses_request(req, settings, previous, faults=state.fault_injection)
+    call = responses_request(
+        req, settings, previous, faults=state.fault_injection, info=state.engine.model_info
+    )
+    await warm_constraint(state, call.gen, json_param="text.format", tools_param="tool_choice")
 
-    def keep(response: dict[str, Any], text: str) -> None:
+    def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
         if call.store:
             conf = state.settings.responses
-            messages = (*call.history, {"role": "assistant", "content": text})
+            messages = (*call.history, turn)
             state.responses.put(
                 call.gen.id, response, messages, max_stored=conf.max_stored, ttl=conf.ttl
             )

@@ -17,9 +17,11 @@ from typing import Any
 import msgspec
 
 from mlxd.api.errors import OpenAIError
+from mlxd.api.responses_items import chat_tool_choice, chat_tools, input_messages, text_constraint
 from mlxd.api.schemas import _bad, _range, _unsupported
+from mlxd.api.tools import tool_plan
 from mlxd.config import Settings
-from mlxd.engine.messages import ChatPrompt, GenerationRequest, SamplingParams
+from mlxd.engine.messages import ChatPrompt, GenerationRequest, ModelInfo, SamplingParams
 
 
 class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -70,73 +72,6 @@ class ResponsesCall:
     stream: bool
 
 
-def _part_text(part: Any, where: str) -> str:
-    if isinstance(part, str):
-        return part
-    if not isinstance(part, dict):
-        raise _bad(where, f"A content part must be an object, got {type(part).__name__}.")
-    kind = part.get("type")
-    if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-        return part["text"]
-    if kind == "refusal" and isinstance(part.get("refusal"), str):
-        return part["refusal"]
-    if kind in ("input_image", "input_file", "input_audio"):
-        raise _unsupported(where, f"mlxd serves a text model; {kind!r} parts are not accepted.")
-    raise _bad(where, f"Unsupported content part type {kind!r}: use 'input_text'.")
-
-
-def _content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(_part_text(p, f"{where}[{j}]") for j, p in enumerate(content))
-    raise _bad(where, "Message content must be a string or a list of text parts.")
-
-
-_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-
-# Items a client may send back from an earlier turn that carry nothing the
-# model reads again (mlxd never sends encrypted reasoning).
-_SKIPPED_ITEMS = {"reasoning"}
-
-
-def _item(item: Any, i: int) -> dict | None:
-    where = f"input[{i}]"
-    if not isinstance(item, dict):
-        raise _bad(where, f"An input item must be an object, got {type(item).__name__}.")
-    kind = item.get("type", "message")
-    if kind in _SKIPPED_ITEMS:
-        return None
-    if kind == "message":
-        role = item.get("role")
-        if role not in _ROLES:
-            raise _bad(
-                f"{where}.role",
-                f"Invalid role {role!r}: use user, assistant, system or developer.",
-            )
-        if "content" not in item or item["content"] is None:
-            raise _bad(f"{where}.content", f"{where} has no content.")
-        return {"role": _ROLES[role], "content": _content(item["content"], f"{where}.content")}
-    if kind in ("function_call", "function_call_output"):
-        raise _unsupported(
-            where, f"'{kind}' items need tool calling, which is not implemented yet."
-        )
-    raise _unsupported(
-        f"{where}.type",
-        f"input items of type {kind!r} are not supported (mlxd takes message, function_call, "
-        "function_call_output and reasoning items).",
-    )
-
-
-def input_messages(value: str | list[dict[str, Any]] | None) -> tuple[dict, ...]:
-    """``input`` as chat messages (a string is one user message)."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return ({"role": "user", "content": value},)
-    return tuple(m for i, item in enumerate(value) if (m := _item(item, i)) is not None)
-
-
 def _check_max_tokens(name: str, value: int | None, settings: Settings) -> None:
     if value is None:
         return
@@ -183,13 +118,6 @@ def _refuse_unsupported(req: ResponsesRequest) -> None:
         raise _unsupported(
             "truncation", "only 'disabled' is implemented: a prompt too long is a 400."
         )
-    if req.tools and any(t.get("type") == "function" for t in req.tools if isinstance(t, dict)):
-        raise _unsupported("tools", "tool calling is not implemented yet.")
-    if isinstance(req.tool_choice, dict) or req.tool_choice not in (None, "none", "auto"):
-        raise _unsupported("tool_choice", "tool calling is not implemented yet.")
-    fmt = (req.text or {}).get("format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise _unsupported("text.format", "only {'type': 'text'} is implemented yet.")
 
 
 def responses_request(
@@ -198,6 +126,7 @@ def responses_request(
     previous: tuple[dict, ...] = (),
     *,
     faults: bool = False,
+    info: ModelInfo | None = None,
 ) -> ResponsesCall:
     """Validate a Responses request and build the engine's request.
 
@@ -220,12 +149,24 @@ def responses_request(
         raise _bad("input", "'input' must contain at least one message.")
     history = (*previous, *new)
     system = ({"role": "system", "content": req.instructions},) if req.instructions else ()
+    plan = tool_plan(
+        chat_tools(req.tools), chat_tool_choice(req.tool_choice), req.parallel_tool_calls, info
+    )
+    constraint = text_constraint(req.text)
+    if constraint is not None and plan.constraint is not None:
+        raise _bad(
+            "text.format",
+            "A JSON text.format and a forced tool call (tool_choice 'required' or a named "
+            "function) cannot both constrain one answer.",
+        )
     max_tokens = req.max_output_tokens or settings.sampling.max_tokens
     gen = GenerationRequest(
         id=f"resp_{uuid.uuid4().hex}",
-        prompt=ChatPrompt((*system, *history)),
+        prompt=ChatPrompt((*system, *history), plan.tools, _thinking(req.reasoning)),
         max_tokens=max_tokens,
         sampling=sampled,
+        parse_tools=plan.parse,
+        constraint=constraint or plan.constraint,
         api="responses",
         fault=req.mlxd_fault,
     )
@@ -236,6 +177,13 @@ def responses_request(
         store=req.store is not False,
         stream=bool(req.stream),
     )
+
+
+def _thinking(reasoning: dict[str, Any] | None) -> tuple[tuple[str, object], ...]:
+    """``reasoning.effort`` "none" turns thinking off where the template has the switch."""
+    if reasoning and reasoning.get("effort") == "none":
+        return (("enable_thinking", False),)
+    return ()
 
 
 def _echo(req: ResponsesRequest, sampled: SamplingParams) -> dict[str, Any]:
@@ -253,9 +201,9 @@ def _echo(req: ResponsesRequest, sampled: SamplingParams) -> dict[str, Any]:
         },
         "store": req.store is not False,
         "temperature": sampled.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
         "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": [],
+        "tools": [t for t in req.tools or [] if t.get("type") == "function"],
         "top_p": sampled.top_p,
         "truncation": "disabled",
         "user": req.user,
