@@ -26,7 +26,14 @@ from mlxd.api.anthropic_schema import (
 )
 from mlxd.api.body import read_body
 from mlxd.api.errors import OpenAIError
-from mlxd.api.openai import Output, api_key_guard, check_accepting, check_model, generate
+from mlxd.api.openai import (
+    Output,
+    api_key_guard,
+    check_accepting,
+    check_model,
+    generate,
+    warm_constraint,
+)
 from mlxd.api.schemas import decode
 from mlxd.api.state import Mlxd, provide_app_state
 from mlxd.engine.messages import Accepted, Failed
@@ -43,7 +50,11 @@ class MessagesController(Controller):
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, MessagesRequest)
         check_model(mlxd, req.model)
-        call = messages_request(req, mlxd.settings, faults=mlxd.fault_injection)
+        info = mlxd.engine.model_info
+        call = messages_request(req, mlxd.settings, faults=mlxd.fault_injection, info=info)
+        await warm_constraint(
+            mlxd, call.gen, json_param="output_config.format", tools_param="tool_choice"
+        )
 
         def make_output(accepted: Accepted) -> Output:
             return MessagesOutput(call.gen.id, accepted.model, accepted.prompt_tokens)
@@ -55,7 +66,7 @@ class MessagesController(Controller):
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, CountTokensRequest)
         check_model(mlxd, req.model)
-        gen = count_tokens_request(req)
+        gen = count_tokens_request(req, info=mlxd.engine.model_info)
         # Tokenized on the engine thread, exactly as intake will.
         counted = await asyncio.wrap_future(mlxd.engine.count_tokens(gen))
         if isinstance(counted, Failed):
