@@ -185,6 +185,11 @@ class ModelSettings(Section):
     chat_template: str | None = _field(
         None, "swap", "Chat template override: a path to a Jinja file, or the template itself."
     )
+    tool_parser: str | None = _field(
+        None,
+        "swap",
+        "mlx-lm tool parser (json_tools, mistral, pythonic, ...) when the model does not name one.",
+    )
     max_context: int | None = _field(
         None, "swap", "Context length in tokens; default: what the model's config declares.", gt=0
     )

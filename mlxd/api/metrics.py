@@ -56,6 +56,7 @@ QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600)
 DRAIN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+COMPILE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 
 
 # (name, help, value from the snapshot): plain gauges and counters.
@@ -123,13 +124,19 @@ COUNTERS: tuple[tuple[str, str, Reader], ...] = (
     ("mlxd_decode_seconds", "Engine time spent decoding.", lambda s: s.counters["decode_seconds"]),
     ("mlxd_engine_errors", "Errors in the engine loop or in a batched step.",
      lambda s: s.counters["engine_errors"]),
+    ("mlxd_tool_calls", "Tool calls sent to clients (parsed with the model's tool parser).",
+     lambda s: s.counters["tool_calls"]),
+    ("mlxd_tool_call_parse_failures", "Tool-call texts that did not parse (sent as content).",
+     lambda s: s.counters["tool_call_parse_failures"]),
 )  # fmt: skip
 
 # (name, help, counters key, label): counters keyed by one label.
 LABELED_COUNTERS = (
     ("mlxd_rejected_requests", "Requests refused before running, by reason.", "rejected", "reason"),
     ("mlxd_lane_decisions", "Accepted requests by lane reason.", "lane_reasons", "reason"),
-)
+    ("mlxd_constrained_rows", "Accepted requests run under a grammar, by kind (json, tools).",
+     "constrained_by_kind", "kind"),
+)  # fmt: skip
 
 STATES = ("starting", "ready", "stopping", "stopped", "failed")
 
@@ -231,6 +238,19 @@ class Metrics:
             buckets=DRAIN_BUCKETS,
             registry=self.registry,
         )
+        self.compile = Histogram(
+            "mlxd_grammar_compile_seconds",
+            "Time to get a grammar matcher for a request (cold compile or LRU copy).",
+            ["cache"],
+            buckets=COMPILE_BUCKETS,
+            registry=self.registry,
+        )
+        for cache in ("cold", "hit"):
+            self.compile.labels(cache)
+
+    def observe_compile(self, seconds: float, cached: bool) -> None:
+        """``AppState`` compile observer: one grammar prepared for a request."""
+        self.compile.labels("hit" if cached else "cold").observe(max(seconds, 0.0))
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
         histogram = Histogram(name, doc, ["lane"], buckets=buckets, registry=self.registry)
@@ -277,6 +297,7 @@ def install_metrics(state: AppState) -> Metrics:
         if metrics is None:
             metrics = Metrics(state.engine.snapshot)
             state.observers.append(metrics.observe)
+            state.compile_observers.append(metrics.observe_compile)
             _installed[state] = metrics
         return metrics
 

@@ -151,11 +151,14 @@ async def warm_constraint(
     """Compile a request's grammar before it is queued; a 400 when it cannot be."""
     if gen.constraint is None:
         return
-    error = await state.engine.warm_grammar(gen.constraint)
-    if error is not None:
+    warmed = await state.engine.warm_grammar(gen.constraint)
+    if isinstance(warmed, tuple):
+        for observe in state.compile_observers:
+            observe(*warmed)
+    elif warmed is not None:
         raise OpenAIError(
             400,
-            f"The grammar cannot be compiled for this model: {error}",
+            f"The grammar cannot be compiled for this model: {warmed}",
             code="invalid_schema",
             param=json_param if gen.constraint.kind == "json" else tools_param,
         )

@@ -48,6 +48,8 @@ class AppState:
         self.observers: list[Observer] = []
         # Responses kept for previous_response_id and GET /v1/responses/{id}.
         self.responses = ResponseStore()
+        # Called with (seconds, cached) for each grammar prepared for a request.
+        self.compile_observers: list[Callable[[float, bool], None]] = []
         # SIGHUP, /admin/reload and the editor never reload at the same time.
         self.reload_lock = asyncio.Lock()
 

@@ -139,6 +139,9 @@ class EngineCore:
         self.counters.submitted += 1
         reasons = self.counters.lane_reasons
         reasons[row.reason] = reasons.get(row.reason, 0) + 1
+        if request.constraint is not None:
+            kinds = self.counters.constrained_rows
+            kinds[request.constraint.kind] = kinds.get(request.constraint.kind, 0) + 1
         channel.push(Accepted(row.lane, row.reason, len(row.prompt), loaded.info.id))
         (self.pending if row.lane == "batch" else self.serial_queue).append(row)
 
@@ -465,6 +468,8 @@ class EngineCore:
         c.prompt_tokens += len(row.prompt)
         c.generated_tokens += row.generated
         c.cached_tokens += row.cached_tokens
+        c.tool_calls += row.output.calls
+        c.tool_call_parse_failures += row.output.failed_calls
         self.avg_generated = 0.9 * self.avg_generated + 0.1 * row.generated
 
     def _fail(

@@ -131,17 +131,20 @@ class Engine:
         self._inbox.put(_Submit(request, channel))
         return RequestHandle(request.id, channel, self.cancel)
 
-    async def warm_grammar(self, constraint: Constraint) -> str | None:
+    async def warm_grammar(self, constraint: Constraint) -> tuple[float, bool] | str | None:
         """Compile ``constraint`` for the loaded model in a worker thread, so the
-        engine thread finds it cached. Returns an error message, or None."""
+        engine thread finds it cached.
+
+        Returns ``(seconds, was_cached)``, an error message, or None when no
+        model (or no grammar support) is loaded; intake then decides.
+        """
         grammars = self.grammars
         if grammars is None:
             return None
         try:
-            await asyncio.to_thread(grammars.warm, constraint)
+            return await asyncio.to_thread(grammars.warm, constraint)
         except ValueError as exc:
             return str(exc)
-        return None
 
     def cancel(self, request_id: str) -> None:
         """Cancel a request; its row leaves before the next step. Thread-safe."""

@@ -58,9 +58,16 @@ class Grammars:
         # (seconds, cached) per compile request, read by /stats and /metrics.
         self.compiles: list[tuple[float, bool]] = []
 
-    def warm(self, constraint: Constraint) -> None:
-        """Compile ``constraint`` into the cache (any thread); raises GrammarError."""
+    def warm(self, constraint: Constraint) -> tuple[float, bool]:
+        """Compile ``constraint`` into the cache (any thread); raises GrammarError.
+
+        Returns the seconds it took and whether it was already cached.
+        """
+        with self._lock:
+            cached = constraint.key in self._cache
+        started = time.perf_counter()
         self.matcher(constraint)
+        return time.perf_counter() - started, cached
 
     def matcher(self, constraint: Constraint) -> LLMatcher:
         """A fresh matcher for ``constraint``: a copy of the cached compiled one."""

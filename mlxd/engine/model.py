@@ -159,13 +159,19 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
     """
     path, model_id = resolve_model_path(settings, optimized_blas=optimized_blas)
     started = time.perf_counter()
+    # Given to the tokenizer before mlx-lm picks its tool parser, so an
+    # override template (or an explicit parser) turns tool calling on.
+    overrides: dict[str, Any] = {}
+    if settings.chat_template:
+        overrides["chat_template"] = _read_template(settings.chat_template)
+    if settings.tool_parser:
+        overrides["tool_parser_type"] = settings.tool_parser
     try:
-        model, tokenizer, config = mlx_load(str(path), return_config=True)
+        model, tokenizer, config = mlx_load(
+            str(path), tokenizer_config=overrides, return_config=True
+        )
     except Exception as exc:
         raise ModelLoadError(f"mlx_lm.load({str(path)!r}) failed: {exc}") from exc
-    if settings.chat_template:
-        tokenizer.chat_template = _read_template(settings.chat_template)
-        tokenizer.has_chat_template = True
 
     declared = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
     context = settings.max_context or int(declared)

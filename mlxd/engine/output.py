@@ -101,7 +101,7 @@ class OutputSplitter:
         self._take([(phase, held)], out)
         if self._tool_text:
             # No end marker came: mistral's format has none; otherwise the call was cut.
-            self._close_call(out)
+            self._close_call(out, ended=False)
         return out
 
     def _take(self, segments: list[tuple[str | None, str]], out: Split) -> None:
@@ -120,7 +120,7 @@ class OutputSplitter:
             if phase is not None:
                 self.phase = phase
 
-    def _close_call(self, out: Split) -> None:
+    def _close_call(self, out: Split, *, ended: bool = True) -> None:
         raw = "".join(self._tool_text)
         self._tool_text = []
         try:
@@ -131,7 +131,7 @@ class OutputSplitter:
             self.failed_calls += 1
             logger.warning("a tool call did not parse (%s); sent as text", exc)
             start, end = self._markers
-            out.text += f"{start}{raw}{end}"
+            out.text += f"{start}{raw}{end if ended else ''}"
             return
         out.tool_calls.extend(made)
 

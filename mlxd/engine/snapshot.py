@@ -43,6 +43,10 @@ class RowView:
     received_at: float
     kv_bytes: int
     projected_kv_bytes: int
+    # "json" or "tools" when a grammar constrains the row.
+    constraint: str | None = None
+    # Where the output is: "answer", "reasoning" (inside think markers) or "tool" (a call).
+    output: str = "answer"
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,11 @@ class Counters:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     engine_errors: int = 0
+    # Rows run under a grammar, by kind (json, tools); tool calls sent and
+    # calls whose text did not parse (sent as content instead).
+    constrained_rows: dict[str, int] = field(default_factory=dict)
+    tool_calls: int = 0
+    tool_call_parse_failures: int = 0
 
     def outcome(self, lane: str, outcome: str) -> None:
         self.requests[lane][outcome] += 1
@@ -202,6 +211,8 @@ class Counters:
 
     def view(self) -> dict[str, Any]:
         out = asdict(self)
+        out["constrained_rows"] = sum(self.constrained_rows.values())
+        out["constrained_by_kind"] = dict(self.constrained_rows)
         out["finished"] = sum(sum(v.values()) for v in self.requests.values())
         out["prefill_seconds"] = round(self.prefill_seconds, 3)
         out["decode_seconds"] = round(self.decode_seconds, 3)

@@ -35,6 +35,8 @@ def _row_view(row: Row, now: float, kv_bytes: int, projected: int) -> RowView:
         received_at=row.received_wall,
         kv_bytes=kv_bytes,
         projected_kv_bytes=projected,
+        constraint=row.request.constraint.kind if row.request.constraint else None,
+        output={"normal": "answer"}.get(row.output.phase, row.output.phase),
     )
 
 
