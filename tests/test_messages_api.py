@@ -221,3 +221,32 @@ def test_stats_show_which_api_a_row_came_from(daemon, claude, model):
         stream.close()
     assert seen == ["messages"]
     assert 'data-field="api">messages<' in html
+
+
+def test_a_client_that_leaves_cancels_its_row(daemon, claude, model):
+    def cancelled() -> int:
+        return httpx.get(f"{daemon.url}/stats", timeout=10).json()["counters"]["requests"]["batch"][
+            "cancelled"
+        ]
+
+    def idle() -> bool:
+        stats = httpx.get(f"{daemon.url}/stats", timeout=10).json()
+        return not stats["rows"] and not stats["pending"]
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not idle():  # an earlier test's row may be leaving
+        time.sleep(0.1)
+    before = cancelled()
+    apis = httpx.get(f"{daemon.url}/stats", timeout=10).json()["counters"]["by_api"]
+    with claude.messages.stream(model=model, max_tokens=200, messages=STORY) as stream:
+        next(iter(stream))
+    # Leaving the block closed the connection: the row leaves at the next token.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and cancelled() == before:
+        time.sleep(0.1)
+    assert cancelled() == before + 1
+    stats = httpx.get(f"{daemon.url}/stats", timeout=10).json()
+    assert stats["rows"] == []
+    assert stats["counters"]["by_api"]["messages"] == apis.get("messages", 0) + 1
+    metrics = httpx.get(f"{daemon.url}/metrics", timeout=10).text
+    assert 'mlxd_api_requests_total{api="messages"}' in metrics

@@ -190,6 +190,8 @@ class Counters:
         }
     )
     lane_reasons: dict[str, int] = field(default_factory=dict)
+    # Accepted requests by the API they came through (chat, completions, responses, messages).
+    by_api: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     prompt_tokens: int = 0
     generated_tokens: int = 0
