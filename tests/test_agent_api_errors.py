@@ -24,7 +24,8 @@ def daemon(tmp_path_factory, tiny_models):
         batch={"size": 1},
         limits={"max_queued": 1, "max_body_bytes": 4096, "max_tokens": 256},
     )
-    d = Daemon(tmp_path_factory.mktemp("agent-errors"), config).start()
+    env = {"MLXD_FAULT_INJECTION": "1"}
+    d = Daemon(tmp_path_factory.mktemp("agent-errors"), config, env=env).start()
     yield d
     d.stop()
 
@@ -172,3 +173,34 @@ def test_unsupported_fields_are_refused_by_name(daemon):
             json={"model": "tiny", "max_tokens": 2, "messages": MSG, "metadata": {"user_id": "u"}},
         )
         assert r.status_code == 200
+
+
+def test_a_failing_generation_is_an_error_in_each_api(daemon):
+    """A row that fails mid-generation: response.failed, Anthropic's error event, or a 500."""
+    fault = {"mlxd_fault": "logits_processor@3"}
+    client = daemon.openai(api_key=KEY, max_retries=0)
+    events = list(
+        client.responses.create(
+            model="tiny", input="hi", max_output_tokens=50, stream=True, extra_body=fault
+        )
+    )
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.status == "failed"
+    assert events[-1].response.error.code == "generation_error"
+    with pytest.raises(openai.InternalServerError):
+        client.responses.create(model="tiny", input="hi", max_output_tokens=50, extra_body=fault)
+
+    sdk = claude(daemon)
+    with (
+        pytest.raises(anthropic.APIStatusError) as err,
+        sdk.messages.stream(model="tiny", max_tokens=50, messages=MSG, extra_body=fault) as stream,
+    ):
+        for _ in stream:
+            pass
+    assert err.value.body["error"]["type"] == "api_error"
+    with pytest.raises(anthropic.InternalServerError) as err:
+        sdk.messages.create(model="tiny", max_tokens=50, messages=MSG, extra_body=fault)
+    assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "api_error"
+    # The next request is served.
+    assert sdk.messages.create(model="tiny", max_tokens=3, messages=MSG).usage.output_tokens
