@@ -413,3 +413,29 @@ def test_reasoning_is_returned_as_reasoning_items_and_thinking_blocks(thinker):
     assert final.content[0].thinking == msg.content[0].thinking
     plain = claude.messages.create(**kw, thinking={"type": "disabled"})
     assert [b.type for b in plain.content] == ["text"]
+
+
+def test_codex_warm_up_and_probes(hermes, oai):
+    """Codex's generate=false warm-up prefills and answers with no output; its
+    client_metadata and its models probe (with client_version) are accepted."""
+    kw: dict[str, Any] = {
+        "model": MODEL,
+        "input": "warm me up",
+        "store": False,
+        "extra_body": {"generate": False, "client_metadata": {"x-codex-turn": "1"}},
+    }
+    r = oai.responses.create(**kw)
+    assert r.status == "completed" and r.output == []
+    assert r.usage.input_tokens > 0 and r.usage.output_tokens == 1
+    events = list(oai.responses.create(**kw, stream=True))
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+    ]
+    assert events[-1].response.output == []
+    # The warm-up filled the prompt cache: the real turn reuses the prompt.
+    real = oai.responses.create(model=MODEL, input="warm me up", max_output_tokens=2, store=False)
+    assert real.usage.input_tokens_details.cached_tokens > 0
+    models = httpx.get(f"{hermes.url}/v1/models", params={"client_version": "0.99.0"})
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL

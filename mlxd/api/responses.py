@@ -84,7 +84,7 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
     await warm_constraint(state, call.gen, json_param="text.format", tools_param="tool_choice")
 
     def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
-        if call.store:
+        if call.store and call.generate:  # a warm-up has no turn to continue
             conf = state.settings.responses
             messages = (*call.history, turn)
             state.responses.put(
@@ -92,6 +92,8 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
             )
 
     def make_output(accepted: Accepted) -> Output:
-        return ResponsesOutput(call.gen.id, accepted.model, call.echo, keep)
+        return ResponsesOutput(
+            call.gen.id, accepted.model, call.echo, keep, warm_up=not call.generate
+        )
 
     return await generate(request, state, call.gen, make_output, stream=call.stream)

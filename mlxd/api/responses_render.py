@@ -96,8 +96,15 @@ class ResponsesOutput:
     """Builds one response, whole or streamed (an :class:`mlxd.api.openai.Output`)."""
 
     def __init__(
-        self, response_id: str, model: str, echo: dict[str, Any], on_done: OnDone | None = None
+        self,
+        response_id: str,
+        model: str,
+        echo: dict[str, Any],
+        on_done: OnDone | None = None,
+        *,
+        warm_up: bool = False,
     ):
+        self.warm_up = warm_up  # a generate=false request: no output items at all
         self.id = response_id
         self.model = model
         self.echo = echo
@@ -136,8 +143,8 @@ class ResponsesOutput:
         return "incomplete" if finished.finish_reason == "length" else "completed"
 
     def _final(self, finished: Finished) -> dict[str, Any]:
-        status = self._item_status(finished)
-        if not self._items:
+        status = "completed" if self.warm_up else self._item_status(finished)
+        if not self._items and not self.warm_up:
             self._items.append(_Item("message", 0))
         body = self._response(
             status, [item.json(status) for item in self._items], usage=finished.usage
@@ -168,6 +175,8 @@ class ResponsesOutput:
     def _feed(self, delta: Delta) -> list[bytes]:
         """Add a delta's reasoning, text and calls to the items; the events they make."""
         out: list[bytes] = []
+        if self.warm_up:
+            return out
         if delta.reasoning:
             out += self._add_text("reasoning", delta.reasoning)
         if delta.text:
@@ -280,7 +289,7 @@ class ResponsesOutput:
     def stream_end(self, finished: Finished) -> list[bytes]:
         status = self._item_status(finished)
         out = []
-        if not self._items:
+        if not self._items and not self.warm_up:
             out += self._add_text("message", "")
         out += self._close(status)
         body = self._final(finished)

@@ -56,6 +56,10 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     service_tier: str | None = None
     user: str | None = None
     context_management: Any = None
+    client_metadata: dict[str, Any] | None = None
+    # Codex's warm-up: ``false`` prefills the prompt (warming the prompt
+    # cache) and answers with no output.
+    generate: bool | None = None
     # Test-only fault injection; refused unless the server enables it.
     mlxd_fault: str | None = None
 
@@ -70,6 +74,8 @@ class ResponsesCall:
     echo: dict[str, Any]
     store: bool
     stream: bool
+    # False for a warm-up request: the answer carries no output.
+    generate: bool = True
 
 
 def _check_max_tokens(name: str, value: int | None, settings: Settings) -> None:
@@ -160,6 +166,8 @@ def responses_request(
             "function) cannot both constrain one answer.",
         )
     max_tokens = req.max_output_tokens or settings.sampling.max_tokens
+    if req.generate is False:
+        max_tokens = 1
     gen = GenerationRequest(
         id=f"resp_{uuid.uuid4().hex}",
         prompt=ChatPrompt((*system, *history), plan.tools, _thinking(req.reasoning)),
@@ -176,6 +184,7 @@ def responses_request(
         echo=_echo(req, sampled),
         store=req.store is not False,
         stream=bool(req.stream),
+        generate=req.generate is not False,
     )
 
 
