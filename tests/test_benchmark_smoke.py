@@ -69,3 +69,21 @@ def test_quick_benchmark_writes_json_and_table(tiny_models, tmp_path: Path) -> N
     table = done.stdout
     assert "| C | mlxd tok/s | ceiling tok/s | mlxd/ceiling |" in table
     assert "\n| 4 | " in table
+
+
+def test_structured_benchmark_runs_on_a_tiny_model(tiny_models, tmp_path: Path) -> None:
+    out = tmp_path / "structured.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "structured.py"),
+        "--model", str(tiny_models("llama")), "--waves", "1", "--max-tokens", "16",
+        "--concurrency", "4", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    waves = report["throughput"]["waves"]
+    assert [w["constrained"] for w in waves] == [False, True]
+    assert all(w["tokens"] == 4 * 16 and w["tps"] > 0 for w in waves)
+    comp = report["compile"]
+    assert comp["schemas"] >= 10 and 0 < comp["cached_p50_ms"] < comp["cold_p50_ms"]
+    assert "| 4 | 16 |" in done.stdout

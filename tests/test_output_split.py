@@ -23,7 +23,12 @@ def tokenizers():
 
     def get(template: str):
         if template not in cache:
-            cache[template] = load_tokenizer(Path(tiny_model_dir("llama", template=template)))
+            if template == "pythonic":  # mlx-lm's pythonic parser named explicitly
+                path = Path(tiny_model_dir("llama"))
+                extra = {"tool_parser_type": "pythonic"}
+                cache[template] = load_tokenizer(path, tokenizer_config_extra=extra)
+            else:
+                cache[template] = load_tokenizer(Path(tiny_model_dir("llama", template=template)))
         return cache[template]
 
     return get
@@ -74,6 +79,18 @@ CASES = {
         (
             '[TOOL_CALLS]a[ARGS]{"x": 1}b[ARGS]{"y": [1, 2]}',
             "",
+            [(0, "a", {"x": 1}), (1, "b", {"y": [1, 2]})],
+        ),
+    ],
+    "pythonic": [
+        (
+            'Let me check.<|tool_call_start|>[get_weather(city="Rome", days=2)]<|tool_call_end|>',
+            "Let me check.",
+            [(0, "get_weather", {"city": "Rome", "days": 2})],
+        ),
+        (
+            "<|tool_call_start|>[a(x=1), b(y=[1, 2])]<|tool_call_end|> done",
+            " done",
             [(0, "a", {"x": 1}), (1, "b", {"y": [1, 2]})],
         ),
     ],

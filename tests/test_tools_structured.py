@@ -9,6 +9,7 @@ row in the same batch is untouched. Outputs validate with ``jsonschema``.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -16,6 +17,7 @@ import httpx
 import jsonschema
 import pytest
 from daemon import Daemon, toml_config
+from structured_schemas import JSON_SCHEMAS
 from tinymodels import tiny_model_dir
 
 MODEL = "tiny-tools"
@@ -179,112 +181,6 @@ def test_tool_choice_none_renders_without_tools(hermes: Daemon):
 
 # ---------------------------------------------------------------- structured output
 
-JSON_SCHEMAS: dict[str, dict[str, Any]] = {
-    "nested": {
-        "type": "object",
-        "properties": {
-            "user": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "maxLength": 6},
-                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                },
-                "required": ["name", "age"],
-                "additionalProperties": False,
-            }
-        },
-        "required": ["user"],
-        "additionalProperties": False,
-    },
-    "array_bounds": {
-        "type": "array",
-        "items": {"type": "integer", "minimum": 0, "maximum": 9},
-        "minItems": 2,
-        "maxItems": 4,
-    },
-    "enum": {
-        "type": "object",
-        "properties": {"color": {"enum": ["red", "green", "blue"]}},
-        "required": ["color"],
-        "additionalProperties": False,
-    },
-    "integer_range": {"type": "integer", "minimum": -5, "maximum": 5},
-    "pattern_max_length": {
-        "type": "object",
-        "properties": {
-            "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2,3}$", "maxLength": 5}
-        },
-        "required": ["code"],
-        "additionalProperties": False,
-    },
-    "any_of": {
-        "anyOf": [
-            {"type": "boolean"},
-            {
-                "type": "object",
-                "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 3}},
-                "required": ["n"],
-                "additionalProperties": False,
-            },
-        ]
-    },
-    "defs_ref": {
-        "$defs": {
-            "pt": {
-                "type": "object",
-                "properties": {
-                    "x": {"type": "integer", "minimum": 0, "maximum": 9},
-                    "y": {"type": "integer", "minimum": 0, "maximum": 9},
-                },
-                "required": ["x", "y"],
-                "additionalProperties": False,
-            }
-        },
-        "type": "object",
-        "properties": {"a": {"$ref": "#/$defs/pt"}, "b": {"$ref": "#/$defs/pt"}},
-        "required": ["a", "b"],
-        "additionalProperties": False,
-    },
-    "optional_fields": {
-        "type": "object",
-        "properties": {
-            "req": {"type": "boolean"},
-            "opt": {"type": "integer", "minimum": 0, "maximum": 9},
-        },
-        "required": ["req"],
-        "additionalProperties": False,
-    },
-    "array_of_objects": {
-        "type": "array",
-        "items": {
-            "type": "object",
-            "properties": {
-                "id": {"type": "integer", "minimum": 1, "maximum": 99},
-                "ok": {"type": "boolean"},
-            },
-            "required": ["id", "ok"],
-            "additionalProperties": False,
-        },
-        "minItems": 1,
-        "maxItems": 3,
-    },
-    "const_null": {
-        "type": "object",
-        "properties": {"v": {"const": "x1"}, "z": {"type": "null"}},
-        "required": ["v", "z"],
-        "additionalProperties": False,
-    },
-    "min_length_enum_items": {
-        "type": "object",
-        "properties": {
-            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
-            "s": {"type": "string", "minLength": 2, "maxLength": 4},
-        },
-        "required": ["tags", "s"],
-        "additionalProperties": False,
-    },
-}
-
 
 def schema_format(name: str, strict: bool = True) -> dict[str, Any]:
     return {
@@ -425,3 +321,31 @@ def test_mistral_format_forced_call(tmp_path_factory: pytest.TempPathFactory):
         assert streamed["calls"] == [(call["function"]["name"], call["function"]["arguments"])]
     finally:
         d.stop()
+
+
+def test_stats_and_dashboard_mark_constrained_rows(hermes: Daemon):
+    before = hermes.stats()["counters"]["tool_calls"]
+    forced = chat(hermes, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    assert forced.json()["choices"][0]["finish_reason"] == "tool_calls"
+    assert hermes.stats()["counters"]["tool_calls"] == before + 1
+    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "slow", "schema": schema}}
+    done = threading.Event()
+
+    def run() -> None:
+        chat(hermes, "a long one", response_format=fmt, max_tokens=1500)
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    seen_stats = seen_html = False
+    while not done.is_set() and not (seen_stats and seen_html):
+        rows = hermes.stats()["rows"]
+        seen_stats |= any(r["constraint"] == "json" and r["output"] == "answer" for r in rows)
+        html = httpx.get(f"{hermes.url}/dashboard/active-rows", timeout=10).text
+        seen_html |= re.search(r'data-field="constraint"[^>]*>json<', html) is not None
+    assert seen_stats and seen_html
+    done.wait(120)
+    metrics = httpx.get(f"{hermes.url}/metrics", timeout=10).text
+    assert 'mlxd_constrained_rows_total{kind="json"}' in metrics
+    assert 'mlxd_grammar_compile_seconds_count{cache="cold"}' in metrics
+    assert re.search(r"^mlxd_tool_calls_total [1-9]", metrics, re.M)

@@ -196,6 +196,8 @@ def active_rows(s: dict[str, Any], now: float) -> View:
                 "age": duration(r["age_s"]),
                 "kv": human_bytes(r["kv_bytes"]),
                 "projected_kv": human_bytes(r["projected_kv_bytes"]),
+                "constraint": r.get("constraint"),
+                "output": r.get("output") if r.get("output") not in (None, "answer") else None,
             }
         )
     b = s["batch"]
