@@ -205,6 +205,11 @@ def test_responses_hosted_tools_are_skipped(oai):
     assert err.value.code == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError) as err:
         oai.responses.create(
+            model=MODEL, input="hi", tools=[{"type": "function", "name": "bad name!"}]
+        )
+    assert err.value.param == "tools[0].name"
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(
             model=MODEL,
             input="hi",
             tools=RESPONSES_TOOLS,
