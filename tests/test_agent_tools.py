@@ -205,9 +205,11 @@ def test_responses_hosted_tools_are_skipped(oai):
     assert err.value.code == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError) as err:
         oai.responses.create(
-            model=MODEL, input="hi", tools=[{"type": "function", "name": "bad name!"}]
+            model=MODEL,
+            input="hi",
+            tools=[{"type": "web_search"}, {"type": "function", "name": "bad name!"}],
         )
-    assert err.value.param == "tools[0].name"
+    assert err.value.param == "tools[1].name"  # counted in the request, skipped tools included
     with pytest.raises(openai.BadRequestError) as err:
         oai.responses.create(
             model=MODEL,
@@ -361,6 +363,17 @@ def test_messages_bad_tools_are_typed_errors(claude):
             tools=[{"name": "x"}],
             messages=[{"role": "user", "content": "x"}],
         )
+    with pytest.raises(anthropic.BadRequestError) as err:
+        claude.messages.create(
+            model=MODEL,
+            max_tokens=5,
+            tools=[
+                {"type": "web_search_20250305", "name": "web_search"},
+                {"name": "bad name!", "input_schema": {"type": "object"}},
+            ],
+            messages=[{"role": "user", "content": "x"}],
+        )
+    assert "tools[1].name" in err.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):  # tool_result in an assistant turn
         claude.messages.create(
             model=MODEL,

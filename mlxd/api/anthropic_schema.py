@@ -15,10 +15,10 @@ from typing import Any
 import msgspec
 
 from mlxd.api.errors import OpenAIError
-from mlxd.api.responses_items import relabel
+from mlxd.api.responses_items import plan_tools, relabel
 from mlxd.api.responses_schema import sampling
 from mlxd.api.schemas import _bad, _stop, _unsupported
-from mlxd.api.tools import ToolPlan, history_message, response_constraint, tool_plan
+from mlxd.api.tools import ToolPlan, history_message, response_constraint
 from mlxd.config import Settings
 from mlxd.engine.messages import ChatPrompt, Constraint, GenerationRequest, ModelInfo
 
@@ -182,7 +182,7 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
 _CLIENT_TOOL_TYPES = (None, "custom")
 
 
-def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+def _tools(tools: list[dict[str, Any]] | None) -> list[tuple[int, dict[str, Any]]] | None:
     if tools is None:
         return None
     out = []
@@ -198,7 +198,7 @@ def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
             fn["description"] = tool["description"]
         if tool.get("strict") is not None:
             fn["strict"] = tool["strict"]
-        out.append({"type": "function", "function": fn})
+        out.append((i, {"type": "function", "function": fn}))
     return out
 
 
@@ -221,10 +221,7 @@ def _tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
 
 def _plan(body: _MessagesBody, info: ModelInfo | None) -> ToolPlan:
     choice, parallel = _tool_choice(body.tool_choice)
-    try:
-        return tool_plan(_tools(body.tools), choice, parallel, info)
-    except OpenAIError as exc:
-        raise relabel(exc, ".function", "") from None
+    return plan_tools(_tools(body.tools), choice, parallel, info)
 
 
 def _format(body: _MessagesBody) -> Constraint | None:

@@ -14,8 +14,8 @@ from typing import Any
 
 from mlxd.api.errors import OpenAIError
 from mlxd.api.schemas import _bad, _unsupported
-from mlxd.api.tools import history_message, response_constraint
-from mlxd.engine.messages import Constraint
+from mlxd.api.tools import ToolPlan, history_message, response_constraint, tool_plan
+from mlxd.engine.messages import Constraint, ModelInfo
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
@@ -148,8 +148,28 @@ def input_messages(value: str | list[dict[str, Any]] | None) -> tuple[dict, ...]
     return tuple(out)
 
 
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Responses function tools in the chat completions shape; hosted tool types skipped."""
+def plan_tools(
+    tools: list[tuple[int, dict[str, Any]]] | None,
+    choice: Any,
+    parallel: bool | None,
+    info: ModelInfo | None,
+) -> ToolPlan:
+    """The chat path's :func:`~mlxd.api.tools.tool_plan` for tools given as
+    ``(index in the request, chat-shaped tool)``, its errors named as the request names them
+    (``tools[3].name``, not ``tools[1].function.name``, when skipped tools came first)."""
+    chat = None if tools is None else [t for _, t in tools]
+    try:
+        return tool_plan(chat, choice, parallel, info)
+    except OpenAIError as exc:
+        for k, (i, _) in sorted(enumerate(tools or []), reverse=True):
+            exc = relabel(exc, f"tools[{k}].function", f"tools[{i}]")
+            exc = relabel(exc, f"tools[{k}]", f"tools[{i}]")
+        raise exc from None
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[tuple[int, dict[str, Any]]] | None:
+    """Responses function tools in the chat completions shape, with their index in the
+    request; hosted tool types skipped."""
     if tools is None:
         return None
     out = []
@@ -166,7 +186,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
                     f"tools[{i}]",
                     f"Unrecognized field(s) in tools[{i}]: {', '.join(sorted(extra))}.",
                 )
-            out.append({"type": "function", "function": fn})
+            out.append((i, {"type": "function", "function": fn}))
         elif kind not in SKIPPED_TOOL_TYPES:
             raise _unsupported(
                 f"tools[{i}].type",

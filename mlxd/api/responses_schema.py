@@ -21,11 +21,10 @@ from mlxd.api.responses_items import (
     chat_tool_choice,
     chat_tools,
     input_messages,
-    relabel,
+    plan_tools,
     text_constraint,
 )
 from mlxd.api.schemas import _bad, _range, _unsupported
-from mlxd.api.tools import tool_plan
 from mlxd.config import Settings
 from mlxd.engine.messages import ChatPrompt, GenerationRequest, ModelInfo, SamplingParams
 
@@ -161,12 +160,9 @@ def responses_request(
         raise _bad("input", "'input' must contain at least one message.")
     history = (*previous, *new)
     system = ({"role": "system", "content": req.instructions},) if req.instructions else ()
-    try:
-        plan = tool_plan(
-            chat_tools(req.tools), chat_tool_choice(req.tool_choice), req.parallel_tool_calls, info
-        )
-    except OpenAIError as exc:  # the chat path names tools[i].function.*; here it is tools[i].*
-        raise relabel(exc, ".function", "") from None
+    plan = plan_tools(
+        chat_tools(req.tools), chat_tool_choice(req.tool_choice), req.parallel_tool_calls, info
+    )
     constraint = text_constraint(req.text)
     if constraint is not None and plan.constraint is not None:
         raise _bad(
