@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from mlxd import __version__
-from mlxd.config import ConfigError, Settings, dump_toml, load_settings
+from mlxd.config import ConfigError, ConfigIssue, Settings, dump_toml, load_settings
+from mlxd.logs import EscapingFormatter
+from mlxd.modelcheck import model_problems
 
 logger = logging.getLogger("mlxd")
 
@@ -22,7 +24,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EscapingFormatter(LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     # One line per request is the dashboard's job, not the log's.
     logging.getLogger("uvicorn.access").setLevel(
         logging.INFO if level.lower() == "debug" else logging.WARNING
@@ -94,6 +98,9 @@ def _config_path(args: argparse.Namespace) -> Path | None:
 def _check_config(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.path)
+        problems = model_problems(settings.model)
+        if problems:
+            raise ConfigError(str(args.path), [ConfigIssue(k, r) for k, r in problems])
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -145,6 +145,21 @@ class Section(BaseModel):
 
 # ---------------------------------------------------------------- sections
 
+_HOST_NAME = re.compile(r"^(\*|(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)$")
+
+
+def _check_allowed_hosts(value: list[str]) -> list[str]:
+    out = []
+    for raw in value:
+        host = raw.strip().lower().rstrip(".")
+        if not _HOST_NAME.match(host):
+            raise ValueError(
+                f"{raw!r} is not a host name: list bare names such as 'box.lan' or "
+                "'*.example.com' (no scheme, port or path)"
+            )
+        out.append(host)
+    return out
+
 
 class ServerSettings(Section):
     host: str = _field(
@@ -162,6 +177,12 @@ class ServerSettings(Section):
     allow_anonymous_read: bool = _field(
         False, "live", "Off loopback, let anyone read the dashboard, /stats and /metrics."
     )
+    allowed_hosts: list[str] = _field(
+        [],
+        "live",
+        "Extra Host names accepted besides loopback, IP literals, this machine's name and "
+        '`host` ("box.lan", "*.example.com"; "*" turns the check off).',
+    )
     shutdown_timeout: float = _field(
         30.0, "live", "Seconds in-flight requests may take to finish after SIGTERM.", ge=0
     )
@@ -173,6 +194,11 @@ class ServerSettings(Section):
         "live",
         "Chat field that carries a reasoning model's thinking (message and delta).",
     )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, value: list[str]) -> list[str]:
+        return _check_allowed_hosts(value)
 
 
 class ModelSettings(Section):
@@ -274,6 +300,15 @@ class LimitSettings(Section):
     )
     max_body_bytes: Bytes = _field("4MiB", "live", "Largest request body; larger gets 413.")
     max_tokens: int = _field(8192, "live", "Largest max_tokens a request may ask for.", ge=1)
+    header_timeout: float = _field(
+        15.0,
+        "live",
+        "Seconds a client may take to send a request's headers; then the connection closes.",
+        gt=0,
+    )
+    body_timeout: float = _field(
+        60.0, "live", "Seconds a client may take to send a request body; then 408.", gt=0
+    )
 
 
 class ResponsesSettings(Section):

@@ -20,6 +20,7 @@ from pydantic import SecretStr
 
 from mlxd.config import SECTIONS, ConfigError, ConfigIssue, Settings, load_settings, reload_class
 from mlxd.engine.snapshot import ConfigView, ReloadEvent
+from mlxd.modelcheck import model_problems
 
 if TYPE_CHECKING:
     from mlxd.api.state import AppState
@@ -123,6 +124,12 @@ def check(
     except ConfigError as exc:
         result.issues = exc.issues
         return None, result
+    if new.model != state.settings.model:
+        # Checked before anything drains: a typo must not pause admission.
+        problems = model_problems(new.model)
+        if problems:
+            result.issues = [ConfigIssue(key, reason) for key, reason in problems]
+            return None, result
     result.ok = True
     result.changes = diff(state.settings, new)
     result.restart_required = [c.key for c in result.changes if c.reload == "restart"]

@@ -22,8 +22,11 @@ from typing import Any
 
 import uvicorn
 
+from mlxd.api.access import exposure_warning
 from mlxd.api.app import make_app
+from mlxd.api.guard import RequestGuard
 from mlxd.api.metrics import install_metrics
+from mlxd.api.protocol import make_protocol
 from mlxd.api.state import AppState
 from mlxd.config import Settings
 from mlxd.dashboard.routes import route_handlers
@@ -124,6 +127,12 @@ class MlxdServer(uvicorn.Server):
         self.should_exit = True
 
 
+def warn_if_exposed(settings: Settings) -> None:
+    message = exposure_warning(settings)
+    if message:
+        logger.warning("SECURITY: %s", message)
+
+
 def _log_task_error(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.error("background task failed", exc_info=task.exception())
@@ -158,7 +167,8 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     engine.start()
     host, port = settings.server.host, settings.server.port
     config = uvicorn.Config(
-        app,
+        RequestGuard(app, lambda: state.settings),
+        http=make_protocol(lambda: state.settings.limits.header_timeout),
         host=host,
         port=port,
         log_config=None,
@@ -167,6 +177,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         timeout_keep_alive=30,
     )
     server = MlxdServer(config, state)
+    warn_if_exposed(settings)
     shown = f"[{host}]" if ":" in host else host
     logger.info("mlxd %s listening on http://%s:%d", "starting,", shown, port)
     logger.info(

@@ -196,6 +196,7 @@ INVALID = {
     "typo": ("raw", "[batch]\nsise = 3\n", "[batch] sise"),
     "type": ("quick", {"batch.size": "three"}, "[batch] size"),
     "negative": ("quick", {"batch.kv_budget": "-5"}, "[batch] kv_budget"),
+    "model-path": ("raw", "[model]\npath = '/no/such/model-dir'\n", "[model] path"),
 }
 
 

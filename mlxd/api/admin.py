@@ -15,20 +15,31 @@ from litestar.connection import ASGIConnection
 from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 
-from mlxd.api.access import admin_refusal, can_admin
+from mlxd.api.access import admin_refusal, can_admin, host_allowed
 from mlxd.api.errors import OpenAIError, error_body
 from mlxd.api.state import Mlxd, provide_app_state
 from mlxd.reload import reload_from_file
 
 
 def same_origin(connection: ASGIConnection) -> bool:
-    """False when a browser says the request comes from another site."""
+    """False when a browser says the request comes from another site.
+
+    The ``Origin`` must name a host on the allow-list (never trusted merely
+    for matching ``Host``, which a DNS-rebinding page controls too) and be
+    the very address the request was sent to.
+    """
     if connection.headers.get("sec-fetch-site", "") == "cross-site":
         return False
     origin = connection.headers.get("origin")
     if not origin:
         return True
-    return urlsplit(origin).netloc == connection.headers.get("host")
+    netloc = urlsplit(origin).netloc
+    settings = connection.app.state.mlxd.settings
+    return (
+        bool(netloc)
+        and host_allowed(netloc, settings)
+        and netloc.lower() == connection.headers.get("host", "").lower()
+    )
 
 
 def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:

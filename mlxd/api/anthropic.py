@@ -31,6 +31,7 @@ from mlxd.api.openai import (
     api_key_guard,
     check_accepting,
     check_model,
+    check_values,
     generate,
     warm_constraint,
 )
@@ -52,6 +53,7 @@ class MessagesController(Controller):
         check_model(mlxd, req.model)
         info = mlxd.engine.model_info
         call = messages_request(req, mlxd.settings, faults=mlxd.fault_injection, info=info)
+        check_values(mlxd, call.gen)
         await warm_constraint(
             mlxd, call.gen, json_param="output_config.format", tools_param="tool_choice"
         )
@@ -67,6 +69,7 @@ class MessagesController(Controller):
         req = decode(body, CountTokensRequest)
         check_model(mlxd, req.model)
         gen = count_tokens_request(req, info=mlxd.engine.model_info)
+        check_values(mlxd, gen)
         # Tokenized on the engine thread, exactly as intake will.
         counted = await asyncio.wrap_future(mlxd.engine.count_tokens(gen))
         if isinstance(counted, Failed):

@@ -24,43 +24,15 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    408: "invalid_request_error",
+    411: "invalid_request_error",
+    415: "invalid_request_error",
+    421: "permission_error",
     429: "rate_limit_error",
     499: "invalid_request_error",
     500: "server_error",
     503: "server_error",
 }
-
-
-# Anthropic's error types by status (docs.anthropic.com "Errors").
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    499: "invalid_request_error",
-    500: "api_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
-
-
-def is_anthropic_path(path: str) -> bool:
-    """Routes that answer errors in Anthropic's envelope."""
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
-
-
-def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
-    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def _shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
-    if is_anthropic_path(request.url.path):
-        return anthropic_error_body(status, body["error"]["message"])
-    return body
 
 
 class OpenAIError(Exception):
@@ -106,6 +78,47 @@ def error_body(
             "code": code,
         }
     }
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    """Anthropic's envelope: ``{"type": "error", "error": {"type", "message"}}``."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Routes of the Anthropic Messages API answer errors in Anthropic's shape."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def error_body_for_path(
+    path: str, status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> dict:
+    """The error body in the shape of the API that ``path`` belongs to."""
+    if is_anthropic_path(path):
+        return anthropic_error_body(status, message)
+    return error_body(status, message, code=code, param=param)
+
+
+def _shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` (OpenAI's shape) in the shape of the API the request's route belongs to."""
+    if is_anthropic_path(request.url.path):
+        return anthropic_error_body(status, body["error"]["message"])
+    return body
 
 
 def openai_error_handler(request: Request, exc: OpenAIError) -> Response:

@@ -33,6 +33,7 @@ from mlxd.api.schemas import (
 )
 from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.engine.channel import RequestHandle
+from mlxd.engine.checks import IntakeError, check_request
 from mlxd.engine.lanes import LaneDecision
 from mlxd.engine.messages import Accepted, Delta, Failed, Finished, GenerationRequest
 from mlxd.engine.structure import TOOL_GRAMMAR_FORMATS
@@ -85,6 +86,17 @@ def check_model(state: AppState, requested: str) -> None:
             code="model_not_found",
             param="model",
         )
+
+
+def check_values(state: AppState, gen: GenerationRequest) -> None:
+    """Token ids and prompt size against the served model, before anything is queued."""
+    info = state.engine.model_info
+    if info is None:
+        return
+    try:
+        check_request(gen, info)
+    except IntakeError as exc:
+        raise OpenAIError(400, str(exc), code=exc.code, param=exc.param) from None
 
 
 async def _watch_disconnect(request: Request, handle: RequestHandle) -> None:
@@ -279,6 +291,7 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
     req = decode(body, schema)
     check_model(state, req.model)
     gen = build(req, state.settings, faults=state.fault_injection, info=state.engine.model_info)
+    check_values(state, gen)
     await warm_constraint(state, gen, json_param="response_format", tools_param="tool_choice")
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
 
@@ -302,6 +315,8 @@ def _model_json(info: Any) -> dict[str, Any]:
         "created": info.created,
         "owned_by": "mlxd",
         "context_length": info.context_length,
+        "vocab_size": info.vocab_size,
+        "max_token_chars": info.max_token_chars,
         # Extension: what this model can do beyond plain chat.
         "capabilities": {
             "tools": info.tool_format is not None,

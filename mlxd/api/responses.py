@@ -22,6 +22,7 @@ from mlxd.api.openai import (
     api_key_guard,
     check_accepting,
     check_model,
+    check_values,
     generate,
     warm_constraint,
 )
@@ -81,6 +82,7 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
     call = responses_request(
         req, settings, previous, faults=state.fault_injection, info=state.engine.model_info
     )
+    check_values(state, call.gen)
     await warm_constraint(state, call.gen, json_param="text.format", tools_param="tool_choice")
 
     def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:

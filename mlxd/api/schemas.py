@@ -92,19 +92,51 @@ class CompletionRequest(_Common, kw_only=True):
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
 _AT_PATH = re.compile(r"at `\$\.?([^`]*)`")
 
+# Bounds on what a body may carry (docs/api.md, "Limits").
+MAX_JSON_DEPTH = 64
+MAX_LOGIT_BIAS = 300
+MAX_STOP_CHARS = 500
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+_TOKEN_ID = re.compile(r"^[0-9]{1,10}$")
+_FAULT = re.compile(r"^(logits_processor|bad_logits)(@[1-9][0-9]{0,5})?$")
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Do arrays and objects nest more than ``limit`` levels in a decoded body?"""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for item in node.values() if type(node) is dict else node:
+            kind = type(item)
+            if kind is dict or kind is list:
+                stack.append((item, depth + 1))
+    return False
+
 
 def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
     """Decode and type-check a JSON body, turning every failure into a clear 400."""
     try:
         raw = msgspec.json.decode(body)
+    except RecursionError:
+        raw = None  # deeper than the interpreter allows: certainly too deep
     except msgspec.DecodeError as exc:
         raise OpenAIError(
             400, f"The request body is not valid JSON: {exc}", code="invalid_json"
         ) from None
+    if raw is None or (isinstance(raw, dict) and too_deep(raw)):
+        raise OpenAIError(
+            400,
+            f"The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.",
+            code="invalid_json",
+        )
     if not isinstance(raw, dict):
         raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
     try:
         return msgspec.convert(raw, kind)
+    except RecursionError:
+        raise OpenAIError(400, "The request body nests too deeply.", code="invalid_json") from None
     except msgspec.ValidationError as exc:
         text = str(exc)
         unknown = _UNKNOWN_FIELD.search(text)
@@ -218,19 +250,38 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else stop
     if len(stops) > 16:
         raise _bad("stop", "At most 16 stop sequences are allowed.")
+    for s in stops:
+        if len(s) > MAX_STOP_CHARS:
+            raise _bad("stop", f"A stop sequence may have at most {MAX_STOP_CHARS} characters.")
     return tuple(s for s in stops if s)
 
 
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """Keys are token ids (checked against the vocabulary at intake), values in [-100, 100]."""
     if not bias:
         return ()
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise _bad(
+            "logit_bias", f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS} allowed."
+        )
     out = []
     for key, value in bias.items():
-        if not key.lstrip("-").isdigit() or int(key) < 0:
-            raise _bad("logit_bias", f"logit_bias keys must be token ids, got {key!r}.")
+        if not _TOKEN_ID.match(key):
+            raise _bad(
+                "logit_bias", f"logit_bias keys must be token ids (0, 1, 2, ...), got {key[:40]!r}."
+            )
         _range("logit_bias", value, -100, 100)
         out.append((int(key), float(value)))
     return tuple(out)
+
+
+def _seed(seed: int | None) -> int | None:
+    """Seeds are 64-bit: [-2**63, 2**64 - 1]; a negative one is taken modulo 2**64."""
+    if seed is None:
+        return None
+    if not SEED_MIN <= seed <= SEED_MAX:
+        raise _bad("seed", f"'seed' must be between {SEED_MIN} and {SEED_MAX}, got {seed}.")
+    return seed % 2**64
 
 
 def _common(
@@ -261,6 +312,8 @@ def _common(
             code="unknown_parameter",
             param="mlxd_fault",
         )
+    if req.mlxd_fault is not None and not _FAULT.match(req.mlxd_fault):
+        raise _bad("mlxd_fault", f"unknown fault {req.mlxd_fault!r}")
     d = settings.sampling
     return {
         "max_tokens": max_tokens if max_tokens is not None else d.max_tokens,
@@ -269,7 +322,7 @@ def _common(
             top_p=d.top_p if req.top_p is None else req.top_p,
             top_k=d.top_k if req.top_k is None else req.top_k,
             min_p=d.min_p if req.min_p is None else req.min_p,
-            seed=req.seed,
+            seed=_seed(req.seed),
         ),
         "penalties": PenaltyParams(
             repetition_penalty=req.repetition_penalty,

@@ -25,7 +25,7 @@ from litestar.params import QueryParameter
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
-from mlxd.api.access import COOKIE, can_read, cookie_value, is_loopback
+from mlxd.api.access import COOKIE, can_read, cookie_value, exposure_warning, is_loopback
 from mlxd.api.body import read_body
 from mlxd.api.metrics import MetricsController
 from mlxd.api.state import Mlxd, provide_app_state
@@ -112,7 +112,11 @@ class DashboardController(Controller):
         """The whole dashboard: every region rendered once, each then polls itself."""
         now = time.time()
         snapshot = mlxd.engine.snapshot().as_dict(now)
-        return render("dashboard.html", regions=views.page_view(snapshot, now))
+        return render(
+            "dashboard.html",
+            regions=views.page_view(snapshot, now),
+            exposure=exposure_warning(mlxd.settings),
+        )
 
     @get([f"/{region}" for region in views.REGIONS])
     async def region(self, request: Request, mlxd: Mlxd) -> Response[str]:

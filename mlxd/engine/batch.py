@@ -70,7 +70,7 @@ class BatchLane:
 
     def insert(self, row: Row, cache: list[Any] | None, rest: list[int]) -> None:
         """Hand an admitted row to the generator, starting from ``cache`` if any."""
-        sampler = build_sampler(row.request)
+        sampler = build_sampler(row.request, self._loaded.info.vocab_size)
         processors = build_processors(row.request, faults=self._faults, constraint=row.matcher)
         (uid,) = self._gen.insert(
             [rest],

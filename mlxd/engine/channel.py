@@ -34,6 +34,16 @@ class Channel:
     async def get(self) -> Event:
         return await self._queue.get()
 
+    def close(self, final: Event) -> None:
+        """Called on the reader's loop: ignore the engine from now on, end with ``final``.
+
+        Whoever still waits on this channel (a handler whose client left)
+        gets ``final`` at once instead of waiting for an event the engine
+        will no longer deliver.
+        """
+        self.reader_gone = True
+        self._queue.put_nowait(final)
+
 
 class RequestHandle:
     """What :meth:`Engine.submit` returns: the request's events, and a way to cancel it."""
@@ -65,7 +75,11 @@ class RequestHandle:
         return self._done
 
     def cancel(self) -> None:
-        """Stop generating for this request at the next token (idempotent)."""
-        if not self._done:
-            self._channel.reader_gone = True
+        """Stop generating for this request at the next token (idempotent).
+
+        Call on the event loop that reads the handle. A reader still waiting
+        for events gets a ``cancelled`` failure at once.
+        """
+        if not self._done and not self._channel.reader_gone:
+            self._channel.close(Failed("cancelled", "the request was cancelled", 499))
             self._cancel(self.id)

@@ -70,6 +70,8 @@ class EngineCore:
         self.last_turn = "batch"
         self.waiting_for: str | None = None
         self.accepting = True
+        # Requests the intake thread is tokenizing (set by the engine).
+        self.intaking = 0
         self.budget_bytes = 0
         self.max_active_seen = 0
         self.max_kv_seen = 0
@@ -113,8 +115,17 @@ class EngineCore:
 
     # ------------------------------------------------------------ intake
 
-    def intake(self, request: GenerationRequest, channel: Channel) -> None:
-        """Tokenize, check and queue a new request, or refuse it with a clear error."""
+    def intake(
+        self,
+        request: GenerationRequest,
+        channel: Channel,
+        prepared: Prepared | Failed | None = None,
+    ) -> None:
+        """Queue a new request, or refuse it with a clear error.
+
+        ``prepared`` is the request tokenized and checked by the intake
+        thread; without it, intake prepares the request here.
+        """
         now_mono, now_wall = time.monotonic(), time.time()
         if not self.accepting:
             return self._refuse(
@@ -126,11 +137,12 @@ class EngineCore:
             return self._refuse(
                 channel, Failed("model_not_loaded", f"no model is loaded: {why}", 503)
             )
-        prepared = prepare(loaded, request, self.settings, self.budget_bytes)
+        if prepared is None:
+            prepared = prepare(loaded, request, self.settings, self.budget_bytes)
         if isinstance(prepared, Failed):
             return self._refuse(channel, prepared)
-        depth = len(self.pending) + len(self.serial_queue)
-        if depth >= self.settings.limits.max_queued:
+        depth = self.waiting()
+        if self._would_wait(prepared.decision.lane) and depth >= self.settings.limits.max_queued:
             message = f"{depth} requests are already waiting (limits.max_queued); retry later."
             return self._refuse(
                 channel, Failed("queue_full", message, 429, retry_after=self._retry_after(depth))
@@ -146,6 +158,27 @@ class EngineCore:
             kinds[request.constraint.kind] = kinds.get(request.constraint.kind, 0) + 1
         channel.push(Accepted(row.lane, row.reason, len(row.prompt), loaded.info.id))
         (self.pending if row.lane == "batch" else self.serial_queue).append(row)
+
+    def _free_slots(self) -> tuple[int, int]:
+        """Rows each lane could start now: free batch slots, and the serial slot."""
+        running = len(self.batch) if self.batch is not None else 0
+        return max(0, self.settings.batch.size - running), 0 if self.serial is not None else 1
+
+    def waiting(self) -> int:
+        """Requests that wait for a slot: queued beyond what the lanes could start now.
+
+        This is what ``[limits] max_queued`` bounds, so the bound holds
+        whatever the arrival pattern (a burst that arrives before the next
+        step is counted the same as a trickle).
+        """
+        free_batch, free_serial = self._free_slots()
+        return max(0, len(self.pending) - free_batch) + max(0, len(self.serial_queue) - free_serial)
+
+    def _would_wait(self, lane: str) -> bool:
+        free_batch, free_serial = self._free_slots()
+        if lane == "batch":
+            return len(self.pending) >= free_batch
+        return len(self.serial_queue) >= free_serial
 
     @staticmethod
     def _row(

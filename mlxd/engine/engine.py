@@ -5,15 +5,25 @@ Everything that touches the model goes through the engine thread: requests
 ``exclusive=True`` it first drains both lanes, which is how a model is
 swapped). Readers take :meth:`Engine.snapshot`, an immutable value swapped
 in after every step, and never wait on the loop.
+
+Tokenizing a request can take a second for a long prompt, so the engine
+thread hands each new request to its intake thread, which tokenizes and
+checks it (``intake.prepare``: the tokenizer and pure checks, no MLX) and
+sends it back; the engine thread keeps stepping meanwhile, and queues the
+request when it returns. A request tokenized by a model that was swapped
+out in the meantime is prepared again by the new one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import logging
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,9 +33,9 @@ from typing import Any, TypeVar
 from mlxd.config import ModelSettings, Settings
 from mlxd.engine.channel import Channel, RequestHandle
 from mlxd.engine.core import EngineCore
-from mlxd.engine.intake import IntakeError, tokenize
+from mlxd.engine.intake import IntakeError, Prepared, prepare, tokenize
 from mlxd.engine.messages import Constraint, Failed, GenerationRequest, ModelInfo
-from mlxd.engine.model import ModelLoadError, load_model
+from mlxd.engine.model import LoadedModel, ModelLoadError, load_model
 from mlxd.engine.snapshot import Snapshot
 
 logger = logging.getLogger(__name__)
@@ -45,6 +55,24 @@ _BURST_MAX_S = 0.020
 class _Submit:
     request: GenerationRequest
     channel: Channel
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A submitted request back from the intake thread, tokenized by ``loaded``."""
+
+    submit: _Submit
+    prepared: Prepared | Failed
+    loaded: LoadedModel
+
+
+@dataclass(frozen=True)
+class _Count:
+    """A count_tokens job for the intake thread."""
+
+    request: GenerationRequest
+    loaded: LoadedModel
+    future: concurrent.futures.Future
 
 
 @dataclass(frozen=True)
@@ -73,6 +101,29 @@ def _forget_engine_thread_arrays() -> None:
     mx.random.seed(time.time_ns() & 0xFFFFFFFF)
     mx.eval(mx.random.state)
     gc.collect()
+
+
+def _count(job: _Count) -> int | Failed:
+    try:
+        return len(tokenize(job.loaded, job.request))
+    except IntakeError as exc:
+        return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]
+    except Exception as exc:  # a bug: answer this count alone
+        logger.exception("counting the tokens of %s failed", job.request.id)
+        return Failed("generation_error", f"could not count the tokens: {exc}", 500)
+
+
+def _lower_this_threads_priority() -> None:
+    """On Linux, let the engine thread win the CPU over tokenizing (a per-thread nice).
+
+    On a machine with few cores, a long prompt being tokenized would
+    otherwise slow every running stream's steps.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    # Not permitted somewhere? Then tokenizing just competes as usual.
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
 class Engine:
@@ -106,6 +157,13 @@ class Engine:
         self._loaded_event = threading.Event()
         self._generation = 0
         self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
+        # Requests handed to the intake thread, by id (engine thread only).
+        self._intake_jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._intaking: dict[str, _Submit] = {}
+        self._cancelled_in_intake: set[str] = set()
+        self._intake_thread = threading.Thread(
+            target=self._intake_loop, name="mlxd-intake", daemon=True
+        )
         self._snapshot = self._core.snapshot(state="starting")
         self.model_info: ModelInfo | None = None
         # The loaded model's grammar compiler (no MLX state; thread-safe).
@@ -114,7 +172,8 @@ class Engine:
     # ------------------------------------------------------------ public API
 
     def start(self) -> None:
-        """Start the engine thread; it loads the model itself."""
+        """Start the engine thread (it loads the model itself) and the intake thread."""
+        self._intake_thread.start()
         self._thread.start()
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
@@ -167,21 +226,27 @@ class Engine:
         return future
 
     def count_tokens(self, request: GenerationRequest) -> concurrent.futures.Future[int | Failed]:
-        """How many prompt tokens ``request`` has, tokenized on the engine thread as at intake.
+        """How many prompt tokens ``request`` has, tokenized as at intake.
 
-        A prompt that cannot be tokenized (or no model loaded) resolves to a
-        :class:`Failed` value, like a refused submission.
+        The engine thread hands the job to the intake thread with the model
+        that serves now, so the count uses the same tokenizer, template and
+        thread as a submitted request. A prompt that cannot be tokenized (or
+        no model loaded) resolves to a :class:`Failed` value.
         """
+        future: concurrent.futures.Future[int | Failed] = concurrent.futures.Future()
 
-        def count(core: EngineCore) -> int | Failed:
+        def hand(core: EngineCore) -> None:
             if core.loaded is None:
-                return Failed("model_not_loaded", "No model is loaded yet; see /ready.", 503)
-            try:
-                return len(tokenize(core.loaded, request))
-            except IntakeError as exc:
-                return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]
+                future.set_result(Failed("model_not_loaded", "No model is loaded yet.", 503))
+            else:
+                self._intake_jobs.put(_Count(request, core.loaded, future))
 
-        return self.call(count)
+        def engine_gone(call: concurrent.futures.Future[None]) -> None:
+            if call.exception() is not None and not future.done():
+                future.set_exception(call.exception())  # type: ignore[arg-type]
+
+        self.call(hand).add_done_callback(engine_gone)
+        return future
 
     def snapshot(self) -> Snapshot:
         """The latest immutable view of the engine; never blocks."""
@@ -199,6 +264,7 @@ class Engine:
         """Stop the engine: in-flight requests end with an error, the thread exits."""
         self._stop.set()
         self._inbox.put(None)
+        self._intake_jobs.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout)
         if not self._thread.is_alive():
@@ -224,6 +290,9 @@ class Engine:
                 time.sleep(0.05)
             self._publish()
         core.abort_all("the engine stopped", code="shutting_down", status=503)
+        for submit in self._intaking.values():
+            submit.channel.push(Failed("shutting_down", "the engine stopped", 503))
+        self._intaking.clear()
         for call in self._deferred:
             call.future.set_exception(RuntimeError("the engine stopped"))
         self._publish(state="stopped")
@@ -286,7 +355,7 @@ class Engine:
                 messages.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        if block and isinstance(first, _Submit):
+        if block and isinstance(first, _Submit | _Prepared):
             messages += self._burst()
         if not defer_calls and self._deferred:
             messages = [*self._deferred, *messages]
@@ -295,13 +364,60 @@ class Engine:
             if message is None:
                 continue
             if isinstance(message, _Submit):
-                self._core.intake(message.request, message.channel)
+                self._hand_to_intake(message)
+            elif isinstance(message, _Prepared):
+                self._prepared(message)
             elif isinstance(message, _Cancel):
-                self._core.cancel(message.request_id)
+                if message.request_id in self._intaking:
+                    self._cancelled_in_intake.add(message.request_id)
+                else:
+                    self._core.cancel(message.request_id)
             elif defer_calls:
                 self._deferred.append(message)
             else:
                 self._dispatch(message)
+
+    # ------------------------------------------------------------ intake
+
+    def _hand_to_intake(self, submit: _Submit) -> None:
+        core = self._core
+        if not core.accepting or core.loaded is None:
+            core.intake(submit.request, submit.channel)  # refused at once, with the reason
+            return
+        self._intaking[submit.request.id] = submit
+        core.intaking = len(self._intaking)
+        self._intake_jobs.put((submit, core.loaded, core.settings, core.budget_bytes))
+
+    def _prepared(self, message: _Prepared) -> None:
+        core = self._core
+        request_id = message.submit.request.id
+        self._intaking.pop(request_id, None)
+        core.intaking = len(self._intaking)
+        if request_id in self._cancelled_in_intake:
+            self._cancelled_in_intake.discard(request_id)
+            core.counters.reject("cancelled")
+            return
+        # Tokenized by a model that has been swapped out since: prepare again.
+        prepared = message.prepared if message.loaded is core.loaded else None
+        core.intake(message.submit.request, message.submit.channel, prepared)
+
+    def _intake_loop(self) -> None:
+        """The intake thread: tokenize and check requests, hand them back."""
+        _lower_this_threads_priority()
+        while True:
+            job = self._intake_jobs.get()
+            if job is None:
+                return
+            if isinstance(job, _Count):
+                job.future.set_result(_count(job))
+                continue
+            submit, loaded, settings, budget = job
+            try:
+                prepared: Prepared | Failed = prepare(loaded, submit.request, settings, budget)
+            except Exception as exc:  # a bug: report it on this request alone
+                logger.exception("preparing %s failed", submit.request.id)
+                prepared = Failed("generation_error", f"could not prepare the request: {exc}", 500)
+            self._inbox.put(_Prepared(submit, prepared, loaded))
 
     def _burst(self) -> list[Any]:
         """The rest of a burst: messages until the inbox is quiet (see _BURST_QUIET_S)."""

@@ -13,6 +13,7 @@ from typing import Any
 from mlxd.config import Settings
 from mlxd.engine import admission
 from mlxd.engine.admission import RowExtent
+from mlxd.engine.checks import IntakeError, check_request
 from mlxd.engine.grammar import ConstraintProcessor, GrammarError
 from mlxd.engine.lanes import LaneDecision, decide
 from mlxd.engine.messages import (
@@ -27,15 +28,6 @@ from mlxd.engine.model import LoadedModel
 from mlxd.engine.output import initial_phase
 
 
-class IntakeError(ValueError):
-    """The prompt cannot be turned into tokens; answered with a 400."""
-
-    def __init__(self, message: str, *, code: str = "invalid_request", param: str | None = None):
-        super().__init__(message)
-        self.code = code
-        self.param = param
-
-
 def _plain_chat(messages: tuple[dict, ...]) -> str:
     # For models without a chat template, the same fallback mlx-lm uses.
     lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
@@ -46,8 +38,8 @@ def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
     """The prompt's token ids.
 
     Raises:
-        IntakeError: the chat template rejects the messages, the prompt is
-            empty, or token ids are outside the vocabulary.
+        IntakeError: the chat template rejects the messages or the prompt
+            is empty. Token ids are checked before, by ``check_request``.
     """
     tokenizer = loaded.tokenizer
     prompt = request.prompt
@@ -64,17 +56,19 @@ def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
                     f"the model's chat template rejected these messages: {exc}", param="messages"
                 ) from exc
         else:
-            ids = tokenizer.encode(_plain_chat(prompt.messages))
+            try:
+                ids = tokenizer.encode(_plain_chat(prompt.messages))
+            except Exception as exc:
+                raise IntakeError(
+                    f"the messages cannot be tokenized: {exc}", param="messages"
+                ) from exc
     elif isinstance(prompt, TextPrompt):
-        ids = tokenizer.encode(prompt.text)
+        try:
+            ids = tokenizer.encode(prompt.text)
+        except Exception as exc:  # text the tokenizer cannot take
+            raise IntakeError(f"the prompt cannot be tokenized: {exc}", param="prompt") from exc
     elif isinstance(prompt, TokenPrompt):
-        vocab = len(tokenizer)
-        bad = [t for t in prompt.ids if not 0 <= t < vocab]
-        if bad:
-            raise IntakeError(
-                f"token ids out of range for a vocabulary of {vocab}: {bad[:5]}", param="prompt"
-            )
-        ids = list(prompt.ids)
+        ids = list(prompt.ids)  # checked against the vocabulary by check_request
     else:  # pragma: no cover - the API only builds the three kinds
         raise IntakeError(f"unknown prompt kind {type(prompt).__name__}")
     ids = list(ids)
@@ -128,6 +122,10 @@ def prepare(
 ) -> Prepared | Failed:
     """Tokenize and check a request against the model's context and the KV budget.
 
+    Thread-safe with respect to the engine: it reads ``loaded`` and calls
+    the tokenizer, and creates no MLX state, so the engine runs it on its
+    intake thread (see :mod:`mlxd.engine.engine`).
+
     ``max_tokens`` is clamped to the room left in the context. A prompt that
     leaves no room, or a request whose KV projection alone exceeds the budget
     (it could never be admitted), is refused with a 400 that says why.
@@ -136,6 +134,7 @@ def prepare(
     if refused is not None:
         return refused
     try:
+        check_request(request, loaded.info)
         prompt = tokenize(loaded, request)
     except IntakeError as exc:
         return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]

@@ -213,6 +213,7 @@ ErrorCode = Literal[
     "invalid_request",
     "invalid_schema",
     "tools_unsupported",
+    "invalid_value",
 ]
 
 
@@ -241,6 +242,10 @@ class ModelInfo:
     created: int
     batchable: bool
     cache_kinds: tuple[str, ...] = field(default_factory=tuple)
+    # Token ids a request may carry are in [0, vocab_size).
+    vocab_size: int = 0
+    # Most characters one token stands for; 0 when unknown (no cheap bound).
+    max_token_chars: int = 0
     # mlx-lm's tool parser module for this tokenizer (json_tools, mistral, ...),
     # None when the model has no tool calling.
     tool_format: str | None = None

@@ -111,11 +111,10 @@ def tool_format(tokenizer: Any) -> str | None:
     return module.rsplit(".", 1)[-1] or "unknown"
 
 
-def _grammars(tokenizer: Any, model: Any) -> Any:
+def _grammars(tokenizer: Any, width: int) -> Any:
     """llguidance's tokenizer, built once per model (up to ~1 s on big vocabularies)."""
     from mlxd.engine.grammar import Grammars, make_ll_tokenizer
 
-    width = int(model(mx.array([[0]])).shape[-1])
     started = time.perf_counter()
     try:
         grammars = Grammars(make_ll_tokenizer(tokenizer, width), width)
@@ -126,14 +125,17 @@ def _grammars(tokenizer: Any, model: Any) -> Any:
     return grammars
 
 
-def measure_layout(model: Any) -> CacheLayout:
+def measure_layout(model: Any) -> tuple[CacheLayout, int]:
     """Measure each layer's cache by running one token through a fresh cache.
 
     Measuring (rather than reading the config) gets the activation dtype and
-    the per-layer kinds exactly as mlx-lm will allocate them.
+    the per-layer kinds exactly as mlx-lm will allocate them. Also returns
+    the width of the logits (the vocabulary, padded), which bounds every
+    token id a request may carry.
     """
     caches = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=caches)
+    logits = model(mx.array([[0]]), cache=caches)
+    width = int(logits.shape[-1])
     flat = _flatten(caches)
     mx.eval([c.state for c in flat])
     layers = []
@@ -148,7 +150,22 @@ def measure_layout(model: Any) -> CacheLayout:
                 layers.append(LayerLayout("full", bytes_per_token=per_token))
         else:
             layers.append(LayerLayout("state", state_bytes=int(c.nbytes)))
-    return CacheLayout(tuple(layers))
+    return CacheLayout(tuple(layers)), width
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` can stand for (at least 1).
+
+    Vocabulary entries are counted in their stored form, which has at least
+    as many characters as the text they decode to (byte-level BPE stores one
+    character per byte), so a prompt of more than ``context * this``
+    characters certainly has more tokens than the context holds.
+    """
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary view: no bound
+        return 0
+    return max((len(piece) for piece in vocab), default=1) or 1
 
 
 def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int) -> LoadedModel:
@@ -178,9 +195,11 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
     weights = tree_reduce(
         lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0
     )
-    layout = measure_layout(model)
+    layout, logits_width = measure_layout(model)
     capabilities = _capabilities(model)
-    grammars = _grammars(tokenizer, model)
+    grammars = _grammars(tokenizer, logits_width)
+    # Every id must index both the tokenizer and the model's embedding/logits.
+    vocab = min(len(tokenizer), logits_width)
     info = ModelInfo(
         id=model_id,
         path=str(path),
@@ -192,6 +211,8 @@ def load_model(settings: ModelSettings, *, optimized_blas: bool, generation: int
         tool_format=tool_format(tokenizer),
         reasoning=bool(tokenizer.has_thinking),
         structured_output=grammars is not None,
+        vocab_size=vocab,
+        max_token_chars=max_token_chars(tokenizer),
     )
     logger.info(
         "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, caches %s, %s",

@@ -24,12 +24,17 @@ class InjectedFault(RuntimeError):
     """Raised by the test-only fault injection (docs/testing.md)."""
 
 
-def build_sampler(request: GenerationRequest) -> Sampler | None:
-    """The row's sampler, or None for greedy (the batch's shared argmax)."""
+def build_sampler(request: GenerationRequest, vocab_size: int) -> Sampler | None:
+    """The row's sampler, or None for greedy (the batch's shared argmax).
+
+    A ``top_k`` that keeps the whole vocabulary filters nothing, so it is
+    dropped (mlx-lm's top-k only takes values below the logits' width).
+    """
     s = request.sampling
     if s.temperature == 0:
         return None
-    return make_sampler(s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
+    top_k = s.top_k if s.top_k < vocab_size else 0
+    return make_sampler(s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=top_k)
 
 
 def build_processors(

@@ -64,7 +64,7 @@ class SerialRun:
         self.row = row
         self._pump = pump
         self.cache = cache if cache is not None else make_prompt_cache(loaded.model)
-        sampler = build_sampler(row.request)
+        sampler = build_sampler(row.request, loaded.info.vocab_size)
         processors = build_processors(row.request, faults=faults, constraint=row.matcher)
         if row.request.sampling.seed is not None:
             # The serial lane runs alone, so the global generator is this row's.

@@ -25,6 +25,7 @@ class ModelView:
     cache_kinds: tuple[str, ...]
     status: str  # "loading" | "ready" | "failed" | "swapping"
     error: str | None = None
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)

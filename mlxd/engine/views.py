@@ -106,6 +106,7 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
             cache_kinds=info.cache_kinds if info else (),
             status=core.model_status,
             error=core.model_error,
+            vocab_size=info.vocab_size if info else None,
         ),
         mode="batch" if settings.batch.size > 1 else "serial",
         batch=BatchView(
@@ -137,5 +138,5 @@ def build_snapshot(core: EngineCore, *, state: str) -> Snapshot:
         runtime=dict(core.runtime),
         last_step_at=core.last_step_wall,
         last_error=core.last_error,
-        busy=core.busy,
+        busy=core.busy or core.intaking > 0,
     )

@@ -1,0 +1,61 @@
+"""Checking a configured model directory before anything drains for it.
+
+A typo in ``[model] path`` should be an error from ``mlxd check-config``,
+the editor's Validate and every reload, not a drain of both lanes followed
+by a failed load. These checks read a few files and import nothing heavy
+(no MLX): the directory exists, ``config.json`` parses and names a
+``model_type``, weights and a tokenizer are there, and a ``chat_template``
+file is readable. A model that passes can still fail to load (corrupt
+weights, an architecture mlx-lm lacks); that is reported by the load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlxd.config import ModelSettings
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def model_problems(model: ModelSettings) -> list[tuple[str, str]]:
+    """What is wrong with ``model``'s files, as ``(key, reason)`` pairs; empty if nothing.
+
+    The built-in demo model (no ``path``) is prepared by mlxd itself and not checked here.
+    """
+    problems: list[tuple[str, str]] = []
+    if model.path:
+        problems += [("[model] path", p) for p in _directory_problems(Path(model.path))]
+    template = model.chat_template
+    if template and "{{" not in template and "{%" not in template:
+        file = Path(template).expanduser()
+        if not file.is_file():
+            problems.append(
+                ("[model] chat_template", f"{template!r} is neither a template nor a readable file")
+            )
+    return problems
+
+
+def _directory_problems(path: Path) -> list[str]:
+    path = path.expanduser()
+    if not path.is_dir():
+        return [
+            f"{str(path)!r} is not a directory (mlxd loads local mlx-lm model directories "
+            "and never downloads)"
+        ]
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return [f"{str(path)!r} has no config.json; is it an mlx-lm model directory?"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return [f"{str(config_file)!r} cannot be read as JSON: {exc}"]
+    problems = []
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        problems.append(f"{str(config_file)!r} does not name a model_type")
+    if not any(path.glob("*.safetensors")):
+        problems.append(f"{str(path)!r} has no *.safetensors weights")
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        problems.append(f"{str(path)!r} has no tokenizer ({', '.join(_TOKENIZER_FILES)})")
+    return problems
