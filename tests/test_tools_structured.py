@@ -294,10 +294,17 @@ def test_bad_tool_and_schema_requests_get_400s_and_the_daemon_serves_on(hermes: 
     not_object = [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]
     bad(chat(hermes, tools=not_object), "invalid_value", "tools[0].function.parameters")
     bad(chat(hermes, response_format={"type": "yaml"}), "invalid_value", "response_format.type")
+    many = [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+        for i in range(129)
+    ]
+    bad(chat(hermes, tools=many), "invalid_value", "tools")
     bad(chat(hermes, tool_choice="required"), "invalid_value", "tool_choice")
     both = {"response_format": {"type": "json_object"}, "tool_choice": "required"}
     bad(chat(hermes, tools=TOOLS, **both), "invalid_value", "response_format")
     bad(chat(hermes, chat_template_kwargs={"tools": []}), "invalid_value")
+    evil = {"chat_template": "{{ 7 * 7 }}"}
+    assert "chat_template" in bad(chat(hermes, chat_template_kwargs=evil), "invalid_value")
     assert chat(hermes, max_tokens=2).status_code == 200
 
 

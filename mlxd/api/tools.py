@@ -17,9 +17,29 @@ from mlxd.api.errors import OpenAIError
 from mlxd.engine.messages import Constraint, ModelInfo
 from mlxd.engine.structure import StructureError, json_constraint, tool_constraint
 
+MAX_TOOLS = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-# Template variables a client may not set through chat_template_kwargs.
-_RESERVED = {"messages", "tools", "add_generation_prompt", "tokenize", "return_dict", "documents"}
+# Names a client may not set through chat_template_kwargs: the server's own
+# template inputs and every parameter of Hugging Face's apply_chat_template
+# (a client must not swap the template or change what comes back).
+_RESERVED = {
+    "messages",
+    "conversation",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "sanitize_control_tokens",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+}
 
 
 def _bad(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
@@ -106,6 +126,8 @@ def tool_plan(
     """Check the tool fields; build the grammar when the choice forces a call."""
     if tools is not None and not isinstance(tools, list):
         raise _bad("tools", "'tools' must be a list.")
+    if tools is not None and len(tools) > MAX_TOOLS:
+        raise _bad("tools", f"At most {MAX_TOOLS} tools are allowed (as OpenAI), got {len(tools)}.")
     defs = [_tool(t, i) for i, t in enumerate(tools or [])]
     names = [d["name"] for d in defs]
     if len(set(names)) != len(names):
