@@ -109,7 +109,7 @@ def wave(url: str, c: int, max_tokens: int, constrained: bool, tag: int) -> dict
 
 def throughput(args: argparse.Namespace, model_dir: str, workdir: Path) -> dict[str, Any]:
     import tomli_w
-    from serving import Server, free_port
+    from servebench.processes import Server, free_port
 
     port = free_port()
     config = workdir / "mlxd.toml"

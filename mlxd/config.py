@@ -232,6 +232,12 @@ class ModelSettings(Section):
     demo_dtype: Literal["auto", "q4", "bfloat16", "float32"] = _field(
         "auto", "swap", "Weights of the demo model: auto picks per platform and BLAS."
     )
+    aliases: list[str] = _field(
+        [],
+        "live",
+        "Other model ids clients may ask for (fnmatch patterns such as 'claude-*'); "
+        "they get the served model.",
+    )
 
 
 class BatchSettings(Section):
@@ -315,6 +321,16 @@ class LimitSettings(Section):
     body_timeout: float = _field(
         60.0, "live", "Seconds a client may take to send a request body; then 408.", gt=0
     )
+
+
+class ResponsesSettings(Section):
+    max_stored: int = _field(
+        256,
+        "live",
+        "Responses kept in memory for previous_response_id and GET; 0 stores none.",
+        ge=0,
+    )
+    ttl: float = _field(3600.0, "live", "Seconds a stored response stays retrievable.", gt=0)
 
 
 class RuntimeSettings(Section):
@@ -402,6 +418,7 @@ class Settings(BaseSettings):
     prompt_cache: PromptCacheSettings = PromptCacheSettings()
     sampling: SamplingSettings = SamplingSettings()
     limits: LimitSettings = LimitSettings()
+    responses: ResponsesSettings = ResponsesSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     cluster: ClusterSettings | None = None
 

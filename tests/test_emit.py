@@ -50,3 +50,14 @@ def test_held_text_is_flushed_at_the_end():
 
 def test_empty_stop_strings_are_ignored():
     assert run(["", "x"], ["abc"]) == (["abc", ""], False)
+
+
+def test_the_matched_stop_string_is_recorded():
+    m = StopMatcher(("world", "lo w", "zzz"))
+    assert m.matched is None
+    assert m.feed("hel") == ("he", False) and m.matched is None  # "l" may start "lo w"
+    assert m.feed("lo world") == ("l", True)
+    assert m.matched == "lo w"  # the earliest match, as the text shows
+    unmatched = StopMatcher(("END",))
+    unmatched.feed("no stop here")
+    assert unmatched.matched is None

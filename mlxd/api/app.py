@@ -9,6 +9,7 @@ from litestar.config.csrf import CSRFConfig
 from litestar.exceptions import HTTPException
 
 from mlxd.api.admin import AdminController
+from mlxd.api.anthropic import MessagesController
 from mlxd.api.errors import (
     OpenAIError,
     http_error_handler,
@@ -18,6 +19,7 @@ from mlxd.api.errors import (
 from mlxd.api.health import HealthController
 from mlxd.api.openai import OpenAIController
 from mlxd.api.requestlog import make_request_log
+from mlxd.api.responses import ResponsesController
 from mlxd.api.state import AppState
 
 # The dashboard's forms (the config editor) carry a double-submit CSRF token.
@@ -50,6 +52,8 @@ def make_app(state: AppState, *, extra_route_handlers: list | None = None) -> Li
     app = Litestar(
         route_handlers=[
             OpenAIController,
+            ResponsesController,
+            MessagesController,
             HealthController,
             AdminController,
             *(extra_route_handlers or []),

@@ -1,4 +1,9 @@
-"""Errors in the OpenAI shape: ``{"error": {"message", "type", "param", "code"}}``."""
+"""Errors in the OpenAI shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Under ``/v1/messages`` (the Anthropic Messages API) the same errors are
+answered in Anthropic's envelope instead:
+``{"type": "error", "error": {"type", "message"}}``, same status codes.
+"""
 
 from __future__ import annotations
 
@@ -80,6 +85,7 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
@@ -108,9 +114,19 @@ def error_body_for_path(
     return error_body(status, message, code=code, param=param)
 
 
-def openai_error_handler(_: Request, exc: OpenAIError) -> Response:
+def _shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` (OpenAI's shape) in the shape of the API the request's route belongs to."""
+    if is_anthropic_path(request.url.path):
+        return anthropic_error_body(status, body["error"]["message"])
+    return body
+
+
+def openai_error_handler(request: Request, exc: OpenAIError) -> Response:
     return Response(
-        exc.body(), status_code=exc.status, headers=exc.headers, media_type=MediaType.JSON
+        _shaped(request, exc.status, exc.body()),
+        status_code=exc.status,
+        headers=exc.headers,
+        media_type=MediaType.JSON,
     )
 
 
@@ -126,7 +142,8 @@ def http_error_handler(request: Request, exc: HTTPException) -> Response:
     else:
         message, code = str(exc.detail), None
     headers = dict(exc.headers or {})
-    return Response(error_body(status, message, code=code), status_code=status, headers=headers)
+    body = _shaped(request, status, error_body(status, message, code=code))
+    return Response(body, status_code=status, headers=headers)
 
 
 def internal_error_handler(request: Request, exc: Exception) -> Response:
@@ -134,4 +151,4 @@ def internal_error_handler(request: Request, exc: Exception) -> Response:
     body = error_body(
         500, f"internal server error: {type(exc).__name__}: {exc}", code="internal_error"
     )
-    return Response(body, status_code=500)
+    return Response(_shaped(request, 500, body), status_code=500)

@@ -137,6 +137,7 @@ COUNTERS: tuple[tuple[str, str, Reader], ...] = (
 LABELED_COUNTERS = (
     ("mlxd_rejected_requests", "Requests refused before running, by reason.", "rejected", "reason"),
     ("mlxd_lane_decisions", "Accepted requests by lane reason.", "lane_reasons", "reason"),
+    ("mlxd_api_requests", "Accepted requests by the API they came through.", "by_api", "api"),
     ("mlxd_constrained_rows", "Accepted requests run under a grammar, by kind (json, tools).",
      "constrained_by_kind", "kind"),
 )  # fmt: skip

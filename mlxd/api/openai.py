@@ -8,11 +8,12 @@ A client that goes away cancels its generation at the next token.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import hmac
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from litestar import Controller, Request, Response, get, post
 from litestar.connection import ASGIConnection
@@ -36,31 +37,37 @@ from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.engine.channel import RequestHandle
 from mlxd.engine.checks import IntakeError, check_request
 from mlxd.engine.lanes import LaneDecision
-from mlxd.engine.messages import Delta, Failed, Finished, GenerationRequest
+from mlxd.engine.messages import Accepted, Delta, Failed, Finished, GenerationRequest
 from mlxd.engine.structure import TOOL_GRAMMAR_FORMATS
 
 logger = logging.getLogger(__name__)
 
 
+def key_accepted(headers: Any, keys: list[Any]) -> bool:
+    """Whether ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` names one of ``keys``."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    given = [token.strip()] if scheme.lower() == "bearer" else []
+    given.append(headers.get("x-api-key", "").strip())
+    for candidate in (g.encode() for g in given if g):
+        if any(hmac.compare_digest(candidate, k.get_secret_value().encode()) for k in keys):
+            return True
+    return False
+
+
 def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """``/v1`` needs ``Authorization: Bearer <key>`` when ``[server] api_keys`` is set."""
+    """``/v1`` needs a key when ``[server] api_keys`` is set (Bearer, or Anthropic's x-api-key)."""
     keys = connection.app.state.mlxd.settings.server.api_keys
-    if not keys:
+    if not keys or key_accepted(connection.headers, keys):
         return
-    scheme, _, token = connection.headers.get("authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() == "bearer" and token:
-        given = token.encode()
-        if any(hmac.compare_digest(given, k.get_secret_value().encode()) for k in keys):
-            return
     raise OpenAIError(
         401,
-        "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+        "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' "
+        "(or 'x-api-key: <key>').",
         code="invalid_api_key",
     )
 
 
-def _check_accepting(state: AppState) -> None:
+def check_accepting(state: AppState) -> None:
     if state.shutting_down:
         raise OpenAIError(
             503,
@@ -69,11 +76,13 @@ def _check_accepting(state: AppState) -> None:
         )
 
 
-def _check_model(state: AppState, requested: str) -> None:
+def check_model(state: AppState, requested: str) -> None:
+    """The served model, or one of ``[model] aliases``; else a 404 naming what is served."""
     info = state.engine.model_info
     if info is None:
         raise OpenAIError(503, "No model is loaded yet; see /ready.", code="model_not_loaded")
-    if requested != info.id:
+    aliases = state.settings.model.aliases
+    if requested != info.id and not any(fnmatch.fnmatchcase(requested, a) for a in aliases):
         raise OpenAIError(
             404,
             f"The model '{requested}' does not exist. "
@@ -103,51 +112,119 @@ async def _watch_disconnect(request: Request, handle: RequestHandle) -> None:
             return
 
 
+class Output(Protocol):
+    """How one API renders a request's events: a whole response or SSE bytes.
+
+    Chat completions, completions, Responses and Messages each have one; they
+    all run through :func:`generate`, the one submit/accept/stream path.
+    """
+
+    def collect(self, delta: Delta) -> None: ...
+
+    def response(self, finished: Finished) -> dict[str, Any]: ...
+
+    def stream_start(self) -> list[bytes]: ...
+
+    def stream_delta(self, delta: Delta) -> list[bytes]: ...
+
+    def stream_end(self, finished: Finished) -> list[bytes]: ...
+
+    def stream_error(self, failed: Failed) -> list[bytes]: ...
+
+
+class ChatOutput:
+    """The chat and legacy completions rendering (:class:`Renderer`) as an :class:`Output`."""
+
+    def __init__(self, renderer: Renderer, include_usage: bool):
+        self.r = renderer
+        self.usage = include_usage
+
+    def collect(self, delta: Delta) -> None:
+        self.r.collect(delta)
+
+    def response(self, finished: Finished) -> dict[str, Any]:
+        return self.r.response(finished)
+
+    def stream_start(self) -> list[bytes]:
+        first = self.r.first_chunk(with_usage=self.usage)
+        return [first] if first else []
+
+    def stream_delta(self, delta: Delta) -> list[bytes]:
+        if self.r.has_output(delta):
+            return [self.r.delta_chunk(delta, with_usage=self.usage)]
+        return []
+
+    def stream_end(self, finished: Finished) -> list[bytes]:
+        return self.r.final_chunks(finished, with_usage=self.usage)
+
+    def stream_error(self, failed: Failed) -> list[bytes]:
+        return [sse_error(OpenAIError.from_failed(failed).body())]
+
+
+async def warm_constraint(
+    state: AppState, gen: GenerationRequest, *, json_param: str, tools_param: str
+) -> None:
+    """Compile a request's grammar before it is queued; a 400 when it cannot be."""
+    if gen.constraint is None:
+        return
+    warmed = await state.engine.warm_grammar(gen.constraint)
+    if isinstance(warmed, tuple):
+        for observe in state.compile_observers:
+            observe(*warmed)
+    elif warmed is not None:
+        raise OpenAIError(
+            400,
+            f"The grammar cannot be compiled for this model: {warmed}",
+            code="invalid_schema",
+            param=json_param if gen.constraint.kind == "json" else tools_param,
+        )
+
+
 async def _sse(
-    handle: RequestHandle, renderer: Renderer, include_usage: bool, done: Callable[[Any], None]
+    handle: RequestHandle, output: Output, done: Callable[[Any], None]
 ) -> AsyncIterator[bytes]:
     try:
-        first = renderer.first_chunk(with_usage=include_usage)
-        if first:
-            yield first
+        for chunk in output.stream_start():
+            yield chunk
         async for event in handle.events():
             if isinstance(event, Delta):
-                if renderer.has_output(event):
-                    yield renderer.delta_chunk(event, with_usage=include_usage)
+                for chunk in output.stream_delta(event):
+                    yield chunk
             elif isinstance(event, Finished):
                 done(event)
-                for chunk in renderer.final_chunks(event, with_usage=include_usage):
+                for chunk in output.stream_end(event):
                     yield chunk
             elif isinstance(event, Failed):
                 done(event)
-                yield sse_error(OpenAIError.from_failed(event).body())
+                for chunk in output.stream_error(event):
+                    yield chunk
     finally:
         handle.cancel()  # a no-op once finished; stops generation if the client left
 
 
-async def _generate(
+async def generate(
     request: Request,
     state: AppState,
     gen: GenerationRequest,
+    make_output: Callable[[Accepted], Output],
     *,
-    kind: Kind,
     stream: bool,
-    include_usage: bool,
     headers: dict[str, str] | None = None,
 ) -> Response[Any] | Stream:
+    """Submit ``gen``, wait until the engine accepts it, then answer whole or as SSE.
+
+    Every API goes through here: same lanes, admission, queue (429 with
+    ``Retry-After``), stop handling, metrics observers and disconnect
+    cancellation. A refusal or a failure raises :class:`OpenAIError`, which
+    the app renders in the error shape of the route.
+    """
     handle = state.engine.submit(gen)
     watcher = asyncio.create_task(_watch_disconnect(request, handle))
     try:
         accepted = await handle.accepted()
         if isinstance(accepted, Failed):
             raise OpenAIError.from_failed(accepted)
-        renderer = Renderer(
-            kind,
-            gen.id,
-            accepted.model,
-            logprobs=gen.logprobs,
-            reasoning_field=state.settings.server.reasoning_field,
-        )
+        output = make_output(accepted)
         headers = {
             **(headers or {}),
             "X-Mlxd-Lane": LaneDecision(accepted.lane, accepted.reason).header,
@@ -163,14 +240,14 @@ async def _generate(
         if stream:
             watcher.cancel()  # the streaming response listens for disconnects itself
             headers["Cache-Control"] = "no-cache"
-            body = _sse(handle, renderer, include_usage, done)
+            body = _sse(handle, output, done)
             return Stream(body, media_type="text/event-stream", headers=headers)
         async for event in handle.events():
             if isinstance(event, Delta):
-                renderer.collect(event)
+                output.collect(event)
             elif isinstance(event, Finished):
                 done(event)
-                return Response(renderer.response(event), headers=headers)
+                return Response(output.response(event), headers=headers)
             elif isinstance(event, Failed):
                 done(event)
                 raise OpenAIError.from_failed(event)
@@ -198,7 +275,7 @@ class OpenAIController(Controller):
 
     @get("/models/{model_id:str}")
     async def get_model(self, mlxd: Mlxd, model_id: FromPath[str]) -> dict[str, Any]:
-        _check_model(mlxd, model_id)
+        check_model(mlxd, model_id)
         return _model_json(mlxd.engine.model_info)
 
     @post("/chat/completions", status_code=200)
@@ -218,7 +295,7 @@ _KINDS: dict[Kind, tuple[type, Callable[..., GenerationRequest]]] = {
 
 async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any] | Stream:
     """Read, validate and run one completion request of either kind."""
-    _check_accepting(state)
+    check_accepting(state)
     schema, build = _KINDS[kind]
     body = await read_body(request, state.settings.limits.max_body_bytes)
     ignored: list[str] | None = [] if state.settings.server.unknown_parameters == "ignore" else None
@@ -228,25 +305,23 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
     if ignored:
         logger.debug("%s: ignored unknown parameters %s", request.url.path, ignored)
         headers[IGNORED_HEADER] = ignored_header(ignored)
-    _check_model(state, req.model)
+    check_model(state, req.model)
     gen = build(req, state.settings, faults=state.fault_injection, info=state.engine.model_info)
     check_values(state, gen)
-    if gen.constraint is not None:
-        warmed = await state.engine.warm_grammar(gen.constraint)
-        if isinstance(warmed, tuple):
-            for observe in state.compile_observers:
-                observe(*warmed)
-        elif warmed is not None:
-            raise OpenAIError(
-                400,
-                f"The grammar cannot be compiled for this model: {warmed}",
-                code="invalid_schema",
-                param="response_format" if gen.constraint.kind == "json" else "tool_choice",
-            )
+    await warm_constraint(state, gen, json_param="response_format", tools_param="tool_choice")
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-    return await _generate(
-        request, state, gen, kind=kind, stream=req.stream, include_usage=usage, headers=headers
-    )
+
+    def make_output(accepted: Accepted) -> Output:
+        renderer = Renderer(
+            kind,
+            gen.id,
+            accepted.model,
+            logprobs=gen.logprobs,
+            reasoning_field=state.settings.server.reasoning_field,
+        )
+        return ChatOutput(renderer, usage)
+
+    return await generate(request, state, gen, make_output, stream=req.stream, headers=headers)
 
 
 IGNORED_HEADER = "X-Mlxd-Ignored-Parameters"

@@ -446,6 +446,7 @@ def completion_request(
     common = _common(req, settings, max_tokens=req.max_tokens, faults=faults)
     return GenerationRequest(
         id=f"cmpl-{uuid.uuid4().hex[:24]}",
+        api="completions",
         prompt=engine_prompt,
         logprobs=req.logprobs is not None,
         top_logprobs=req.logprobs or 0,

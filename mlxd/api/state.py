@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 
+from mlxd.api.response_store import ResponseStore
 from mlxd.config import Settings
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class AppState:
         self.shutting_down = False
         self.started_at = time.time()
         self.observers: list[Observer] = []
+        # Responses kept for previous_response_id and GET /v1/responses/{id}.
+        self.responses = ResponseStore()
         # Called with (seconds, cached) for each grammar prepared for a request.
         self.compile_observers: list[Callable[[float, bool], None]] = []
         # SIGHUP, /admin/reload and the editor never reload at the same time.

@@ -187,6 +187,7 @@ def active_rows(s: dict[str, Any], now: float) -> View:
             {
                 "id": r["id"],
                 "short_id": short_id(r["id"]),
+                "api": r["api"],
                 "lane": r["lane"],
                 "phase": r["phase"],
                 "phase_label": phase,
@@ -225,6 +226,7 @@ def pending_queue(s: dict[str, Any], now: float) -> View:
         {
             "id": p["id"],
             "short_id": short_id(p["id"]),
+            "api": p["api"],
             "lane": p["lane"],
             "waited": duration(p["waited_s"]),
             "prompt_tokens": count(p["prompt_tokens"]),

@@ -173,6 +173,8 @@ class EngineCore:
         self.counters.submitted += 1
         reasons = self.counters.lane_reasons
         reasons[row.reason] = reasons.get(row.reason, 0) + 1
+        apis = self.counters.by_api
+        apis[request.api] = apis.get(request.api, 0) + 1
         if request.constraint is not None:
             kinds = self.counters.constrained_rows
             kinds[request.constraint.kind] = kinds.get(request.constraint.kind, 0) + 1

@@ -19,6 +19,7 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]):
         self._stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Add text; return what is safe to release and whether a stop matched."""
@@ -26,8 +27,9 @@ class StopMatcher:
         if not self._stops:
             self._held = ""
             return buf, False
-        first = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
-        if first >= 0:
+        found = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
+        if found:
+            first, self.matched = min(found, key=lambda f: f[0])
             self._held = ""
             return buf[:first], True
         keep = self._partial_suffix(buf)
@@ -63,6 +65,11 @@ class TextStream:
         self._detok = detokenizer
         self._matcher = StopMatcher(stops)
         self.stopped = False
+
+    @property
+    def matched(self) -> str | None:
+        """The stop string that ended the row, if one did."""
+        return self._matcher.matched
 
     def add(self, token: int) -> Piece:
         """Add a generated (non end-of-sequence) token."""

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import gc
 import logging
-import os
 import queue
-import sys
 import threading
 import time
 import weakref
@@ -35,7 +32,7 @@ from mlxd.config import ModelSettings, Settings
 from mlxd.engine.channel import Channel, RequestHandle
 from mlxd.engine.cluster import PeerLost
 from mlxd.engine.core import EngineCore
-from mlxd.engine.intake import Prepared, prepare
+from mlxd.engine.intake import IntakeError, Prepared, prepare, tokenize
 from mlxd.engine.messages import Constraint, Failed, GenerationRequest, ModelInfo
 from mlxd.engine.model import LoadedModel, ModelLoadError, load_model
 from mlxd.engine.shard import ClusterError
@@ -76,6 +73,15 @@ class _Prepared:
 
 
 @dataclass(frozen=True)
+class _Count:
+    """A count_tokens job for the intake thread."""
+
+    request: GenerationRequest
+    loaded: LoadedModel
+    future: concurrent.futures.Future
+
+
+@dataclass(frozen=True)
 class _Cancel:
     request_id: str
 
@@ -103,17 +109,14 @@ def _forget_engine_thread_arrays() -> None:
     gc.collect()
 
 
-def _lower_this_threads_priority() -> None:
-    """On Linux, let the engine thread win the CPU over tokenizing (a per-thread nice).
-
-    On a machine with few cores, a long prompt being tokenized would
-    otherwise slow every running stream's steps.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    # Not permitted somewhere? Then tokenizing just competes as usual.
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+def _count(job: _Count) -> int | Failed:
+    try:
+        return len(tokenize(job.loaded, job.request))
+    except IntakeError as exc:
+        return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]
+    except Exception as exc:  # a bug: answer this count alone
+        logger.exception("counting the tokens of %s failed", job.request.id)
+        return Failed("generation_error", f"could not count the tokens: {exc}", 500)
 
 
 class Engine:
@@ -237,6 +240,29 @@ class Engine:
             future.set_exception(RuntimeError("the engine thread is not running"))
             return future
         self._inbox.put(_Call(fn, future, exclusive, reason))
+        return future
+
+    def count_tokens(self, request: GenerationRequest) -> concurrent.futures.Future[int | Failed]:
+        """How many prompt tokens ``request`` has, tokenized as at intake.
+
+        The engine thread hands the job to the intake thread with the model
+        that serves now, so the count uses the same tokenizer, template and
+        thread as a submitted request. A prompt that cannot be tokenized (or
+        no model loaded) resolves to a :class:`Failed` value.
+        """
+        future: concurrent.futures.Future[int | Failed] = concurrent.futures.Future()
+
+        def hand(core: EngineCore) -> None:
+            if core.loaded is None:
+                future.set_result(Failed("model_not_loaded", "No model is loaded yet.", 503))
+            else:
+                self._intake_jobs.put(_Count(request, core.loaded, future))
+
+        def engine_gone(call: concurrent.futures.Future[None]) -> None:
+            if call.exception() is not None and not future.done():
+                future.set_exception(call.exception())  # type: ignore[arg-type]
+
+        self.call(hand).add_done_callback(engine_gone)
         return future
 
     def snapshot(self) -> Snapshot:
@@ -463,11 +489,13 @@ class Engine:
 
     def _intake_loop(self) -> None:
         """The intake thread: tokenize and check requests, hand them back."""
-        _lower_this_threads_priority()
         while True:
             job = self._intake_jobs.get()
             if job is None:
                 return
+            if isinstance(job, _Count):
+                job.future.set_result(_count(job))
+                continue
             submit, loaded, settings, budget = job
             try:
                 prepared: Prepared | Failed = prepare(loaded, submit.request, settings, budget)

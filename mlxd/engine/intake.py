@@ -34,6 +34,23 @@ def _plain_chat(messages: tuple[dict, ...]) -> str:
     return "\n".join(lines) + "\nassistant:"
 
 
+def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
+    """``text``'s token ids, as ``tokenizer.encode(text, add_special_tokens=special)``.
+
+    For Hugging Face's own fast tokenizers this calls the Rust backend
+    directly: it encodes without holding the GIL, and skips transformers'
+    Python post-processing, which holds the GIL for a long while on a long
+    prompt (the engine thread needs the GIL between its MLX calls). Wrappers
+    that preprocess text in Python (mlx-lm's NewlineTokenizer, slow
+    tokenizers) take the ordinary path.
+    """
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is not None and type(hf).__module__.startswith("transformers."):
+        return backend.encode_batch([text], add_special_tokens=special)[0].ids
+    return list(hf.encode(text, add_special_tokens=special))
+
+
 def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
     """The prompt's token ids.
 
@@ -50,21 +67,29 @@ def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
             if prompt.tools:
                 kwargs["tools"] = [dict(t) for t in prompt.tools]
             try:
-                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+                text = tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True, **kwargs
+                )
             except Exception as exc:  # jinja2 TemplateError and friends
                 raise IntakeError(
                     f"the model's chat template rejected these messages: {exc}", param="messages"
                 ) from exc
+            try:
+                ids = encode(tokenizer, text, special=False)
+            except Exception as exc:
+                raise IntakeError(
+                    f"the messages cannot be tokenized: {exc}", param="messages"
+                ) from exc
         else:
             try:
-                ids = tokenizer.encode(_plain_chat(prompt.messages))
+                ids = encode(tokenizer, _plain_chat(prompt.messages), special=True)
             except Exception as exc:
                 raise IntakeError(
                     f"the messages cannot be tokenized: {exc}", param="messages"
                 ) from exc
     elif isinstance(prompt, TextPrompt):
         try:
-            ids = tokenizer.encode(prompt.text)
+            ids = encode(tokenizer, prompt.text, special=True)
         except Exception as exc:  # text the tokenizer cannot take
             raise IntakeError(f"the prompt cannot be tokenized: {exc}", param="prompt") from exc
     elif isinstance(prompt, TokenPrompt):

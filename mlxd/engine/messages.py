@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Lane = Literal["batch", "serial"]
+# Which HTTP API a request came in through (shown in /stats and the dashboard).
+Api = Literal["chat", "completions", "responses", "messages"]
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
@@ -103,6 +105,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    api: Api = "chat"
     # Split tool calls out of the output with the model's tool parser.
     parse_tools: bool = False
     constraint: Constraint | None = None
@@ -195,6 +198,8 @@ class Finished:
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
+    # The stop string that ended generation, when one did (Anthropic reports it).
+    stop_sequence: str | None = None
 
 
 ErrorCode = Literal[

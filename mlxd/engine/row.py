@@ -118,7 +118,7 @@ class Row:
         final: FinishReason = reason
         if reason == "stop" and self.output.calls:
             final = "tool_calls"
-        event = Finished(final, self.usage(), self.timings())
+        event = Finished(final, self.usage(), self.timings(), stop_sequence=self.text.matched)
         self.channel.push(event)
         return event
 

@@ -33,6 +33,7 @@ class ModelView:
 @dataclass(frozen=True)
 class RowView:
     id: str
+    api: str  # chat | completions | responses | messages
     lane: str
     phase: str
     prompt_tokens: int
@@ -54,6 +55,7 @@ class RowView:
 @dataclass(frozen=True)
 class PendingView:
     id: str
+    api: str
     lane: str
     received_at: float
     prompt_tokens: int
@@ -228,6 +230,8 @@ class Counters:
         }
     )
     lane_reasons: dict[str, int] = field(default_factory=dict)
+    # Accepted requests by the API they came through (chat, completions, responses, messages).
+    by_api: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     prompt_tokens: int = 0
     generated_tokens: int = 0

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 def _row_view(row: Row, now: float, kv_bytes: int, projected: int) -> RowView:
     return RowView(
         id=row.id,
+        api=row.request.api,
         lane=row.lane,
         phase=row.phase,
         prompt_tokens=len(row.prompt),
@@ -72,12 +73,22 @@ def build_snapshot(
     for row in core.pending:
         alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
         pending.append(
-            PendingView(row.id, "batch", row.received_wall, len(row.prompt), alone, blocked)
+            PendingView(
+                row.id, row.request.api, "batch", row.received_wall, len(row.prompt), alone, blocked
+            )
         )
     for row in core.serial_queue:
         alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
         pending.append(
-            PendingView(row.id, "serial", row.received_wall, len(row.prompt), alone, "serial_lane")
+            PendingView(
+                row.id,
+                row.request.api,
+                "serial",
+                row.received_wall,
+                len(row.prompt),
+                alone,
+                "serial_lane",
+            )
         )
 
     live = batch_bytes + serial_bytes
