@@ -161,7 +161,9 @@ class Leader:
         assert col is not None
         ops, self.ops = self.ops, []
         self.seq += 1
-        digest = self.seq % DIGEST_EVERY == 0
+        # Not with a Load: followers load (collectives of its own) before their digest,
+        # while rank 0 would compare digests before loading.
+        digest = self.seq % DIGEST_EVERY == 0 and not any(isinstance(op, Load) for op in ops)
         data = encode_plan(Plan(self.seq, ops, run, digest))
         self.busy_since = time.monotonic()
         started = time.perf_counter()
