@@ -10,8 +10,8 @@ from mlxd.dashboard import views
 def _rows(lanes: list[str]) -> list[dict[str, Any]]:
     return [
         {
-            "id": f"chatcmpl-{i}", "lane": lane, "phase": "decode", "prefill_done": 0,
-            "prefill_total": 0, "cached_tokens": 0, "prompt_tokens": 10,
+            "id": f"chatcmpl-{i}", "api": "chat", "lane": lane, "phase": "decode",
+            "prefill_done": 0, "prefill_total": 0, "cached_tokens": 0, "prompt_tokens": 10,
             "generated_tokens": 5, "max_tokens": 50, "tokens_per_s": 3.0, "age_s": 1.0,
             "kv_bytes": 1024, "projected_kv_bytes": 2048,
         }

@@ -6,18 +6,8 @@ import math
 import statistics
 from typing import Any
 
+from mlxd.api.recent import percentile  # one definition for the daemon and the benchmarks
 from servebench.records import Wave
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), None for no values."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def summarize(wave: Wave) -> dict[str, Any]:
