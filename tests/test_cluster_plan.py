@@ -124,3 +124,27 @@ def test_cluster_table_is_optional_and_checked(tmp_path):
     path.write_text('[cluster]\nbackend = "carrier-pigeon"\n')
     with pytest.raises(ConfigError, match=r"\[cluster\] backend"):
         load_settings(path)
+
+
+def test_a_plan_that_loads_a_model_never_carries_a_digest():
+    """Followers load (collectives of its own) before their digest; rank 0 would not."""
+    from mlxd.config import ClusterSettings
+    from mlxd.engine.leader import DIGEST_EVERY, Leader
+    from mlxd.engine.shard import Membership
+
+    class Recorder:  # stands in for the group: keeps what rank 0 would broadcast
+        rank, size = 0, 2
+        sent: list[bytes] = []
+
+        def broadcast(self, data: bytes) -> bytes:
+            self.sent.append(data)
+            return data
+
+    leader = Leader(ClusterSettings(), Membership(0, 2, "ring", None, ("a:1", "b:1")))
+    leader.collectives = Recorder()  # type: ignore[assignment]
+    leader.state = "ready"
+    leader.seq = DIGEST_EVERY - 1
+    leader.load({"path": "/m"}, 1)
+    plan = decode_plan(Recorder.sent[-1])
+    assert plan.seq % DIGEST_EVERY == 0 and isinstance(plan.ops[-1], Load)
+    assert plan.digest is False
