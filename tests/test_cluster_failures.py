@@ -83,12 +83,13 @@ def test_kill_9_of_rank_1_under_load(tmp_path, tiny_models):
                     not_ready = r.json()
                     break
                 time.sleep(0.05)
+            code = c.wait_exit(0, 30)
+            took = time.monotonic() - killed_at
             seen = [f.result(timeout=30) for f in clients]
             answered = plain.result(timeout=30)
-        code = c.wait_exit(0, 15)
-        took = time.monotonic() - killed_at
         assert code not in (None, 0), c.logs()
-        assert took < 15
+        # About 2 s on an idle machine (detection is immediate, then 1 s to flush errors).
+        assert took < 20, took
         assert not_ready is None or "cluster peer_lost" in not_ready["reason"], not_ready
         for s in seen:
             assert not s["done"], s  # nobody got a normal end of stream
