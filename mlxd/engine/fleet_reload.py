@@ -124,7 +124,10 @@ class RegistryReload:
         entry = registry(settings)[model_id]
         slot = Slot(model_id, entry, for_model(settings, model_id))
         if entry.kind == "chat":
-            at_start = entry.pin and self._changed is None  # before run(): the engine loads
+            # Before run(), a pinned model loads on its engine thread (a cluster's
+            # one model always: every rank loads its shard at start).
+            pinned = entry.pin or settings.cluster is not None
+            at_start = pinned and self._changed is None
             if at_start:
                 self.pool.settle(model_id, estimate_weights(entry) + slot.prompt_cache_cap())
                 slot.state = "loading"
