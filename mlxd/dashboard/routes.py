@@ -40,6 +40,7 @@ from mlxd.api.stats import NO_STORE, StatsController
 from mlxd.config import Settings
 from mlxd.dashboard import logtail, procmem, views
 from mlxd.dashboard.editor import EditorController
+from mlxd.dashboard.model_actions import ModelActionsController, panel_state
 from mlxd.dashboard.templating import render
 from mlxd.paths import static_dir
 
@@ -96,7 +97,8 @@ def _login_page(
 
 def _state(request: Request, mlxd: AppState) -> tuple[dict[str, Any], float]:
     """The snapshot as a dict, plus what the HTTP side knows: recent latency, the
-    process's memory and, for admins only, the log tail."""
+    process's memory, the fleet of models and, for admins only, the log tail and
+    the models panel's buttons."""
     now = time.time()
     snapshot = mlxd.engine.snapshot().as_dict(now)
     snapshot["latency"] = install_recent(mlxd).view(now)
@@ -104,6 +106,7 @@ def _state(request: Request, mlxd: AppState) -> tuple[dict[str, Any], float]:
     snapshot["process"] = {"rss_bytes": rss_bytes, "rss_label": rss_label}
     admin = can_admin(request, mlxd.settings)
     snapshot["log_tail"] = [asdict(e) for e in logtail.TAIL.entries()] if admin else None
+    snapshot |= panel_state(request, mlxd, admin)
     return snapshot, now
 
 
@@ -182,6 +185,7 @@ def route_handlers() -> list:
         root,
         DashboardController,
         EditorController,
+        ModelActionsController,
         LoginController,
         StatsController,
         MetricsController,

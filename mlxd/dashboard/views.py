@@ -483,8 +483,16 @@ def counters(s: dict[str, Any], now: float) -> View:
 
 
 # Region id (= partial file name = refresh route) → its view function.
+def models(s: dict[str, Any], now: float) -> View:
+    """The models panel (:mod:`mlxd.dashboard.models`, which uses the helpers above)."""
+    from mlxd.dashboard.models import models_panel
+
+    return models_panel(s, now)
+
+
 REGIONS: dict[str, Callable[[dict[str, Any], float], View]] = {
     "status-bar": status_bar,
+    "models": models,
     "kv-gauge": kv_gauge,
     "memory": memory,
     "throughput": throughput,
