@@ -31,6 +31,8 @@ EVENT_TITLES = {
     "idle": "unloaded (idle)",
     "removed": "removed from the config",
     "added": "added to the config",
+    "pinned": "pinned",
+    "unpinned": "unpinned",
 }
 
 EVENTS_SHOWN = 12
@@ -73,7 +75,8 @@ def _actions(m: dict[str, Any]) -> View:
     state = m["state"]
     return {
         "load": state in ("unloaded", "failed"),
-        "unload": state == "loaded",
+        # A pinned model must be unpinned first (the fleet refuses otherwise).
+        "unload": state == "loaded" and not m["pinned"],
         "pin": not m["pinned"],
         "unpin": bool(m["pinned"]),
     }
