@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.dashboard.views import View, ago, bar_width, clock, count, human_bytes, iso, percent
+from mlxd.dashboard.formatting import (
+    View,
+    ago,
+    bar_width,
+    clock,
+    count,
+    human_bytes,
+    iso,
+    percent,
+)
 
 # What each memory segment is, in the order the bars stack them.
 SEGMENTS = (
