@@ -61,7 +61,6 @@ def test_http_side_imports_no_mlx(path):
         "mlxd.engine.channel",
         "mlxd.engine.lanes",
         "mlxd.engine.snapshot",
-        "mlxd.engine.fleet_view",  # plain frozen values: FleetView, FleetRefusal
         "mlxd.engine.drain",
         "mlxd.engine.checks",  # pure: request values against ModelInfo
         "mlxd.engine.structure",
