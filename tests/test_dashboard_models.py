@@ -10,12 +10,15 @@ the admin header, the CSRF cookie and its token.
 The tests run in file order and share the daemon's state: the panel first
 (``org/b`` unloaded), then the refusals (nothing changes), then the actions,
 then /metrics after a request to each model, then a real browser.
+``MLXD_SCREENSHOT=1`` writes the panel to docs/img/dashboard-models.png.
 """
 
 from __future__ import annotations
 
 import html
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -272,7 +275,7 @@ def browser():
 
 @pytest.mark.browser
 def test_unload_and_load_in_a_browser(daemon: Daemon, browser) -> None:
-    context = browser.new_context(extra_http_headers=ADMIN)
+    context = browser.new_context(extra_http_headers=ADMIN, viewport={"width": 1280, "height": 900})
     page = context.new_page()
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
@@ -306,6 +309,9 @@ def test_unload_and_load_in_a_browser(daemon: Daemon, browser) -> None:
     page.locator('#models-result[data-outcome="done"]').wait_for(timeout=WAIT_MS)
     assert page.locator("#models-result").inner_text() == f"{B} is loaded"
     assert page.locator("#models .gauge.stack .seg").count() >= 2
+    if os.environ.get("MLXD_SCREENSHOT") == "1":
+        shot = Path(__file__).resolve().parent.parent / "docs" / "img" / "dashboard-models.png"
+        page.locator(".models-panel").screenshot(path=str(shot))
     # The browser logs the refusal's status; nothing else may go wrong.
     refusal = "the server responded with a status of 409"
     assert sum(refusal in p for p in problems) == 1, problems
