@@ -95,7 +95,7 @@ def _login_page(
 # ---------------------------------------------------------------- controllers
 
 
-def _state(request: Request, mlxd: AppState) -> tuple[dict[str, Any], float]:
+def _state(request: Request, mlxd: AppState, *, fleet: bool = True) -> tuple[dict[str, Any], float]:
     """The snapshot as a dict, plus what the HTTP side knows: recent latency, the
     process's memory, the fleet of models and, for admins only, the log tail and
     the models panel's buttons."""
@@ -106,7 +106,8 @@ def _state(request: Request, mlxd: AppState) -> tuple[dict[str, Any], float]:
     snapshot["process"] = {"rss_bytes": rss_bytes, "rss_label": rss_label}
     admin = can_admin(request, mlxd.settings)
     snapshot["log_tail"] = [asdict(e) for e in logtail.TAIL.entries()] if admin else None
-    snapshot |= panel_state(request, mlxd, admin)
+    if fleet:  # only the models panel reads it
+        snapshot |= panel_state(request, mlxd, admin)
     return snapshot, now
 
 
@@ -130,7 +131,7 @@ class DashboardController(Controller):
     async def region(self, request: Request, mlxd: Mlxd) -> Response[str]:
         """One region's partial: its root element, ready to replace itself (outerHTML)."""
         region = request.url.path.rstrip("/").rsplit("/", 1)[-1]
-        snapshot, now = _state(request, mlxd)
+        snapshot, now = _state(request, mlxd, fleet=region == "models")
         return render(f"partials/{region}.html", v=views.region_view(region, snapshot, now))
 
 
