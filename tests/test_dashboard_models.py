@@ -2,7 +2,7 @@
 
 One daemon serves two tiny random-weight chat models under a 64 MiB budget:
 ``a`` (pinned, the default) and ``org/b`` (an id with a ``/``, loaded on
-demand). It is bound off loopback (``--host 0.0.0.0``, reached via 127.0.0.1)
+demand); a third, ``big``, reserves a prompt cache larger than the budget. It is bound off loopback (``--host 0.0.0.0``, reached via 127.0.0.1)
 with an admin token and anonymous read, so the panel is readable by anyone
 and its buttons are for the admin only. Every write shows its credentials:
 the admin header, the CSRF cookie and its token.
@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ADMIN_TOKEN = "adm-models-panel-token"
 ADMIN = {"X-Mlxd-Admin-Token": ADMIN_TOKEN}
-A, B = "a", "org/b"
+A, B, BIG = "a", "org/b", "big"
 MIB = 1024 * 1024
 WAIT_MS = 30_000
 
@@ -43,6 +43,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
         models={
             A: {"path": str(tiny_models("llama")), "pin": True, "default": True, **small},
             B: {"path": str(tiny_models("llama", seed=1)), **small},
+            # Its prompt cache's cap alone is more than the budget: it can never load.
+            BIG: {"path": str(tiny_models("llama")), "prompt_cache": {"max_bytes": "96MiB"}},
         },
         sampling={"temperature": 0.0},
     )
@@ -105,7 +107,7 @@ def _result(r: httpx.Response) -> str:
 
 def test_panel_shows_both_models_and_their_states(daemon: Daemon) -> None:
     rows = _panel(daemon)
-    assert set(rows) == {A, B}
+    assert set(rows) == {A, B, BIG}
     assert rows[A]["state"] == "loaded" and rows[A]["pinned"] == "true"
     assert rows[B]["state"] == "unloaded" and rows[B]["pinned"] == "false"
     # An admin's buttons: a pinned model can be unpinned (not unloaded); b can be loaded.
@@ -121,7 +123,7 @@ def test_panel_shows_both_models_and_their_states(daemon: Daemon) -> None:
 
 def test_anonymous_readers_see_the_panel_without_buttons(daemon: Daemon) -> None:
     rows = _panel(daemon, headers={})
-    assert set(rows) == {A, B} and all(not r["buttons"] for r in rows.values())
+    assert set(rows) == {A, B, BIG} and all(not r["buttons"] for r in rows.values())
 
 
 # ---------------------------------------------------------------- refusals
@@ -167,6 +169,10 @@ def test_bad_forms_get_a_clear_4xx(daemon: Daemon) -> None:
     bad_on = panel.post("pin", model=B, on="maybe")
     assert bad_on.status_code == 400 and "true or false" in _result(bad_on)
     assert panel.client.get("/dashboard/models/load").status_code in (404, 405)
+    # The fleet's refusal, in its status: a model that can never fit the budget.
+    never = panel.post("load", model=BIG)
+    assert never.status_code == 400 and "can never be loaded" in _result(never)
+    assert _rows(never.text)[BIG]["state"] != "loaded"
     assert _panel(daemon)[B] == {"state": "unloaded", "pinned": "false", "buttons": ["load", "pin"]}
 
 
