@@ -2,10 +2,11 @@
 
 One daemon serves two tiny random-weight chat models under a 64 MiB budget:
 ``a`` (pinned, the default) and ``org/b`` (an id with a ``/``, loaded on
-demand); a third, ``big``, reserves a prompt cache larger than the budget. It is bound off loopback (``--host 0.0.0.0``, reached via 127.0.0.1)
-with an admin token and anonymous read, so the panel is readable by anyone
-and its buttons are for the admin only. Every write shows its credentials:
-the admin header, the CSRF cookie and its token.
+demand); a third, ``big``, reserves a prompt cache larger than the budget. It
+is bound off loopback (``--host 0.0.0.0``, reached via 127.0.0.1) with an admin
+token and anonymous read, so the panel is readable by anyone and its buttons
+are for the admin only. Every write shows its credentials: the admin header,
+the CSRF cookie and its token.
 
 The tests run in file order and share the daemon's state: the panel first
 (``org/b`` unloaded), then the refusals (nothing changes), then the actions,
