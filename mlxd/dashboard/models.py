@@ -27,7 +27,7 @@ from mlxd.dashboard.formatting import (
 # What each memory segment is, in the order the bars stack them.
 SEGMENTS = (
     ("weights", "weights"),
-    ("kv", "KV"),
+    ("kv", "KV claimed (what its rows hold or may grow to)"),
     ("cache", "prompt cache"),
     ("cache_cap", "prompt cache cap (reserved, not yet held)"),
 )
