@@ -51,7 +51,7 @@ from mlxd.api.recent import inter_token_s
 from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.api.stats import NO_STORE, read_guard
 from mlxd.engine.fleet_view import STATES as MODEL_STATES
-from mlxd.engine.fleet_view import FleetEvent, FleetView, ModelState
+from mlxd.engine.fleet_view import FleetView, ModelState
 from mlxd.engine.messages import Finished
 
 if TYPE_CHECKING:
@@ -359,7 +359,7 @@ class Metrics:
         # Per model: the id of the last closed drain observed.
         self._drains_seen: dict[str, int] = {}
         # The fleet events already counted (the fleet keeps the last 100).
-        self._events_seen: set[FleetEvent] = set()
+        self._events_seen: dict[tuple[str, str], int] = {}
         # ``*_created`` series double the histogram series for no use here.
         disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
@@ -460,11 +460,12 @@ class Metrics:
             self._drains_seen[model] = event.id
 
     def _count_events(self, view: FleetView) -> None:
-        """Count the fleet events not seen at an earlier scrape."""
-        current = set(view.events)
-        for event in current - self._events_seen:
-            self.model_events.labels(event.model, event.kind).inc()
-        self._events_seen = current
+        """Add the fleet events counted since the last scrape."""
+        for model, kind, total in view.event_totals:
+            seen = self._events_seen.get((model, kind), 0)
+            if total > seen:
+                self.model_events.labels(model, kind).inc(total - seen)
+                self._events_seen[(model, kind)] = total
 
 
 _installed: weakref.WeakKeyDictionary[AppState, Metrics] = weakref.WeakKeyDictionary()

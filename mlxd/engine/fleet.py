@@ -85,6 +85,7 @@ class Fleet(RegistryReload):
         self.pool = MemoryPool(budget_bytes(settings, device_bytes))
         self.slots: dict[str, Slot] = {}
         self._events: deque[FleetEvent] = deque(maxlen=100)
+        self._event_totals: dict[tuple[str, str], int] = {}
         self._memory_queue: deque[Slot] = deque()
         self._changed: asyncio.Event | None = None
         self._ticker: asyncio.Task | None = None
@@ -452,6 +453,7 @@ class Fleet(RegistryReload):
             models=tuple(self._state(s) for s in self.slots.values()),
             events=tuple(self._events),
             memory_queue=tuple(s.id for s in self._memory_queue),
+            event_totals=tuple((m, k, n) for (m, k), n in self._event_totals.items()),
         )
 
     def snapshots(self) -> dict[str, Any]:
@@ -470,6 +472,8 @@ class Fleet(RegistryReload):
 
     def _event(self, model_id: str, kind: str, detail: str = "") -> None:
         self._events.append(FleetEvent(time.time(), model_id, kind, detail))
+        key = (model_id, kind)
+        self._event_totals[key] = self._event_totals.get(key, 0) + 1
 
     def _notify(self) -> None:
         if self._changed is not None:
