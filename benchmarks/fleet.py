@@ -163,7 +163,8 @@ def main() -> int:
         stop(proc)
 
     # Room for the larger model, its prompt cache and a row's KV; never for both.
-    budget = max(weights(a), weights(b)) + 64 * 1024**2 + min(weights(a), weights(b)) // 2
+    room = max(min(weights(a), weights(b)) // 2, 8 * 1024**2)
+    budget = max(weights(a), weights(b)) + 64 * 1024**2 + room
     log(f"daemon 2: a budget of {budget / 2**20:.0f} MiB holds one model at a time")
     proc, url = start(work, a, b, budget, "one")
     try:
