@@ -35,7 +35,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from cluster import bench_model, free_port, log  # noqa: E402
+from cluster import bench_model, free_port, log, wait_ready  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper."
 
@@ -69,15 +69,8 @@ def start(work: Path, a: Path | None, b: Path, budget: int | None, name: str) ->
     cmd = [sys.executable, "-m", "mlxd", "serve", "--config", str(cfg)]
     proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"mlxd did not get ready; see {work}")
+    wait_ready(url, f"mlxd did not get ready; see {work}")
+    return proc, url
 
 
 def stop(proc: Any) -> None:
