@@ -1,0 +1,199 @@
+"""Loading an embedding model with ``mlx-embeddings`` and running one forward pass.
+
+Everything here runs on the embedding engine's thread: it creates MLX state.
+``mlx-embeddings`` is an optional extra (``pip install 'mlxd[embeddings]'``),
+imported only when a model loads, so a chat-only install never needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_reduce
+
+from mlxd.config import ModelSettings
+from mlxd.engine.embedding_messages import EmbeddingInfo
+from mlxd.engine.model import ModelLoadError, describe_dtype, max_token_chars
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'mlxd[embeddings]'"
+
+# Families trained with Matryoshka representation learning: their vectors may be
+# truncated (then renormalized) to fewer dimensions. Any other model opts in by
+# listing "matryoshka_dimensions" in its config.json.
+MATRYOSHKA_FAMILIES = frozenset({"qwen3", "gemma3_text"})
+
+
+@dataclass
+class LoadedEmbedding:
+    """An embedding model and its tokenizer, owned by the engine thread."""
+
+    model: Any
+    tokenizer: Any
+    info: EmbeddingInfo
+    pad_id: int
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {str(path / 'config.json')!r}: {exc}") from exc
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ModelLoadError(f"{str(path / 'config.json')!r} names no model_type")
+    return config
+
+
+def check_model_dir(settings: ModelSettings) -> tuple[Path, dict[str, Any]]:
+    """The configured directory and its config.json, checked before anything loads.
+
+    ``mlx_embeddings.load`` downloads from the Hugging Face hub when a path does
+    not exist: mlxd never lets it, a missing directory is a load error.
+    """
+    if not settings.path:
+        raise ModelLoadError("an embedding model needs a 'path' (there is no demo embedding model)")
+    path = Path(settings.path).expanduser()
+    if not path.is_dir():
+        raise ModelLoadError(
+            f"model path {str(path)!r} is not a directory. mlxd loads local embedding "
+            "model directories only (it never downloads)."
+        )
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{str(path)!r} has no config.json; is it a model directory?")
+    config = _read_config(path)
+    if "vision_config" in config:
+        raise ModelLoadError(
+            f"{str(path)!r} is a vision embedding model ({config['model_type']}); "
+            "mlxd serves text embedding models only"
+        )
+    return path, config
+
+
+def _import_mlx_embeddings() -> Any:
+    if importlib.util.find_spec("mlx_embeddings") is None:
+        raise ModelLoadError(
+            "embedding models need the optional mlx-embeddings package, which is not "
+            f"installed: run `{INSTALL_HINT}` and restart mlxd"
+        )
+    from mlx_embeddings import utils
+
+    return utils
+
+
+def _context_length(config: dict[str, Any], tokenizer: Any, configured: int | None) -> int:
+    declared = int(config.get("max_position_embeddings") or 512)
+    if config["model_type"] in ("xlm_roberta", "roberta"):
+        # Positions start after the padding index (RoBERTa's offset): 514 -> 512.
+        declared -= int(config.get("pad_token_id", 1)) + 1
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < declared:
+        declared = limit
+    return min(configured, declared) if configured else declared
+
+
+def _hf(tokenizer: Any) -> Any:
+    """The Hugging Face tokenizer inside mlx-embeddings' wrapper."""
+    return getattr(tokenizer, "_tokenizer", tokenizer)
+
+
+def tokenize(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of ``texts`` with the model's special tokens (``[CLS] ... [SEP]``)."""
+    encoded = _hf(tokenizer)(list(texts), add_special_tokens=True, verbose=False)
+    return [list(ids) for ids in encoded["input_ids"]]
+
+
+def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
+    """Load the configured embedding model and probe its output width.
+
+    Raises:
+        ModelLoadError: with a message meant for the operator (the extra is not
+            installed, the path is wrong, the family is unknown to mlx-embeddings).
+    """
+    path, config = check_model_dir(settings)
+    utils = _import_mlx_embeddings()
+    started = time.perf_counter()
+    family = config["model_type"].replace("-", "_")
+    if importlib.util.find_spec(f"mlx_embeddings.models.{family}") is None:
+        raise ModelLoadError(
+            f"mlx-embeddings does not support model_type {config['model_type']!r} ({str(path)!r})"
+        )
+    try:
+        model, tokenizer = utils.load(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"mlx_embeddings.load({str(path)!r}) failed: {exc}") from exc
+    hf = _hf(tokenizer)
+    if not callable(hf) or not hasattr(hf, "get_vocab"):
+        raise ModelLoadError(f"{str(path)!r} has a processor, not a text tokenizer")
+    vocab = len(hf)
+    if config.get("vocab_size"):
+        vocab = min(vocab, int(config["vocab_size"]))
+    pad = config.get("pad_token_id")
+    if not isinstance(pad, int):
+        pad = hf.pad_token_id if isinstance(hf.pad_token_id, int) else 0
+    probe = tokenize(tokenizer, ["mlxd"])[0]
+    dims = int(run_pass(model, [probe], pad).shape[-1])
+    weights = tree_reduce(
+        lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0
+    )
+    info = EmbeddingInfo(
+        id=model_id,
+        path=str(path),
+        family=family,
+        dimensions=dims,
+        context_length=_context_length(config, hf, settings.max_context),
+        vocab_size=vocab,
+        weights_bytes=int(weights),
+        supports_dimensions=family in MATRYOSHKA_FAMILIES
+        or bool(config.get("matryoshka_dimensions")),
+        dtype=describe_dtype(model, config),
+        max_token_chars=max_token_chars(hf),
+        created=int(time.time()),
+    )
+    logger.info(
+        "loaded embedding model %s (%s, %s) in %.1fs: %d dimensions, %d tokens per input, "
+        "%d MiB of weights",
+        model_id,
+        family,
+        path,
+        time.perf_counter() - started,
+        dims,
+        info.context_length,
+        weights // 2**20,
+    )
+    return LoadedEmbedding(model=model, tokenizer=tokenizer, info=info, pad_id=int(pad))
+
+
+def run_pass(model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> np.ndarray:
+    """One forward pass over ``rows`` (right-padded, masked): unit float32 vectors.
+
+    Padding positions are masked out of attention and pooling, so a row's
+    vector does not depend on what else shares its pass.
+    """
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int32)
+    mask = np.zeros((len(rows), width), dtype=np.int32)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    out = model(mx.array(ids), attention_mask=mx.array(mask))
+    pooled = out.text_embeds
+    if pooled is None or pooled.ndim != 2:
+        pooled = out.pooler_output  # per-token text_embeds (LFM2): the pooled mean
+    vectors = np.array(pooled.astype(mx.float32), dtype=np.float32)
+    return normalize(vectors)
+
+
+def normalize(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)

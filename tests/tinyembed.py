@@ -1,0 +1,174 @@
+"""A tiny random-weight BERT embedding model, for real-MLX tests of ``/v1/embeddings``.
+
+Built locally with ``mlx-embeddings``' own BERT class and saved as an ordinary embedding
+model directory (``config.json``, ``model.safetensors``, ``tokenizer.json`` and
+``tokenizer_config.json``) that ``mlx_embeddings.utils.load(path)`` loads. Nothing is
+downloaded: the WordPiece tokenizer (lower-casing, ``[CLS] ... [SEP]`` around every text,
+like real BERT checkpoints) is trained on the chat models' corpus with ``tokenizers``.
+
+The config declares ``matryoshka_dimensions``, mlxd's marker for a model trained for
+truncated vectors (``dimensions`` in a request); tests that need a model without it copy
+the directory and drop the key.
+
+Use :func:`tiny_embedding_dir` for a cached build (one per content key, built atomically,
+like :func:`tinymodels.tiny_model_dir`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tinymodels import _CORPUS, cache_root
+
+__all__ = ["EMBED_CONFIG", "build_tiny_embedding", "tiny_embedding_dir"]
+
+CONTENT_VERSION = "e1"
+VOCAB_SIZE = 400
+SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+EMBED_CONFIG: dict[str, Any] = {
+    "model_type": "bert",
+    "architectures": ["BertModel"],
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "max_position_embeddings": 128,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+    "hidden_act": "gelu",
+    "pad_token_id": 0,
+    "matryoshka_dimensions": [64, 32, 16],
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_json() -> str:
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=list(SPECIAL), show_progress=False
+    )
+    tok.train_from_iterator(_CORPUS.split("\n\n"), trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return tok.to_str()
+
+
+def _vocab_size() -> int:
+    return len(json.loads(_tokenizer_json())["model"]["vocab"])
+
+
+def _tokenizer_config() -> dict[str, Any]:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": EMBED_CONFIG["max_position_embeddings"],
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "mask_token": "[MASK]",
+        "do_lower_case": True,
+        "clean_up_tokenization_spaces": False,
+    }
+
+
+def build_tiny_embedding(out_dir: Path, *, seed: int = 0) -> Path:
+    """Write the random-weight BERT into ``out_dir`` (deterministic for ``seed``)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_embeddings.models import bert
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = {**EMBED_CONFIG, "vocab_size": _vocab_size(), "torch_dtype": "float32"}
+    model = bert.Model(bert.ModelArgs.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    digest = hashlib.sha256(f"bert:{seed}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    arrays = {}
+    for name in sorted(params):
+        shape = tuple(params[name].shape)
+        leaf = name.rsplit(".", 1)[-1]
+        if "embeddings" in name and len(shape) == 2:
+            w = rng.normal(0.0, 0.5, shape)  # spread out, so different texts differ clearly
+        elif len(shape) >= 2:
+            w = rng.normal(0.0, 1.0 / np.sqrt(shape[-1]), shape)
+        elif leaf == "bias":
+            w = np.zeros(shape)
+        else:
+            w = np.array(params[name].astype(mx.float32))
+        arrays[name] = mx.array(w.astype(np.float32))
+    mx.save_safetensors(str(out_dir / "model.safetensors"), arrays, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out_dir / "tokenizer.json").write_text(_tokenizer_json())
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2))
+    (out_dir / "special_tokens_map.json").write_text(
+        json.dumps({t.strip("[]").lower() + "_token": t for t in SPECIAL}, indent=2)
+    )
+    return out_dir
+
+
+def _content_key(seed: int) -> str:
+    import mlx.core as mx
+    import mlx_embeddings
+
+    blob = json.dumps(
+        {
+            "version": CONTENT_VERSION,
+            "config": EMBED_CONFIG,
+            "corpus": _CORPUS,
+            "vocab": VOCAB_SIZE,
+            "seed": seed,
+            "mlx": mx.__version__,
+            "mlx_embeddings": mlx_embeddings.__version__,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def tiny_embedding_dir(*, seed: int = 0, cache_dir: Path | None = None) -> Path:
+    """A cached build under ``<cache_root()>/<CONTENT_VERSION>/bert-embed-<seed>-<key>``."""
+    root = (Path(cache_dir) if cache_dir is not None else cache_root()) / CONTENT_VERSION
+    final = root / f"bert-embed-{seed}-{_content_key(seed)}"
+    if final.is_dir():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        build_tiny_embedding(tmp, seed=seed)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(tmp)
+    return final
