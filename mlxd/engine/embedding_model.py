@@ -80,13 +80,13 @@ def check_model_dir(settings: ModelSettings) -> tuple[Path, dict[str, Any]]:
 
 
 def _import_mlx_embeddings() -> Any:
-    if importlib.util.find_spec("mlx_embeddings") is None:
+    try:
+        from mlx_embeddings import utils
+    except ImportError as exc:
         raise ModelLoadError(
-            "embedding models need the optional mlx-embeddings package, which is not "
-            f"installed: run `{INSTALL_HINT}` and restart mlxd"
-        )
-    from mlx_embeddings import utils
-
+            "embedding models need the optional mlx-embeddings package, which cannot be "
+            f"imported ({exc}): run `{INSTALL_HINT}` and restart mlxd"
+        ) from exc
     return utils
 
 

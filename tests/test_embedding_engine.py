@@ -1,0 +1,289 @@
+"""EmbeddingEngine on the tiny random-weight BERT: vectors, batching, checks, lifecycle."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tinyembed import EMBED_CONFIG
+
+from mlxd.config import load_settings
+from mlxd.engine.embedding import EmbeddingEngine
+from mlxd.engine.embedding_messages import EmbeddingError, EmbeddingResult
+
+TEXTS = [
+    "hello river world",
+    "The boats rock gently at their ropes, the fishermen mend their nets.",
+    "a",
+    "Numbers such as 1, 2, 3, 10, 42, 100 and 2048 appear in logs, tables and reports.",
+    "Why is the sky blue?",
+]
+
+
+def make(path: Path, *, batch: int = 8, start: bool = True, **model: object) -> EmbeddingEngine:
+    settings = load_settings(
+        None, overrides={"model": {"path": str(path), **model}, "batch": {"size": batch}}
+    )
+    engine = EmbeddingEngine(settings, "emb")
+    if start:
+        engine.start()
+        assert engine.wait_loaded(120), engine.load_error
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_embedding_model):
+    engine = make(tiny_embedding_model)
+    yield engine
+    engine.stop()
+
+
+def embed(engine: EmbeddingEngine, inputs, dimensions=None) -> EmbeddingResult:
+    return engine.submit(inputs, dimensions=dimensions).result(60)
+
+
+def refusal(engine: EmbeddingEngine, inputs, dimensions=None) -> EmbeddingError:
+    with pytest.raises(EmbeddingError) as caught:
+        embed(engine, inputs, dimensions)
+    return caught.value
+
+
+def hf_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def weights_bytes(path: Path) -> int:
+    return sum(a.nbytes for a in mx.load(str(path / "model.safetensors")).values())
+
+
+def test_info_describes_the_model(engine, tiny_embedding_model):
+    info = engine.info
+    assert info is not None and engine.alive
+    assert info.id == "emb"
+    assert info.family == "bert"
+    assert info.dimensions == EMBED_CONFIG["hidden_size"]
+    assert info.context_length == EMBED_CONFIG["max_position_embeddings"]
+    assert info.vocab_size == len(hf_tokenizer(tiny_embedding_model))
+    assert info.supports_dimensions
+    assert info.dtype == "float32"
+    assert engine.weights_bytes == info.weights_bytes == weights_bytes(tiny_embedding_model)
+
+
+def test_vectors_have_the_hidden_size_and_unit_length(engine):
+    result = embed(engine, TEXTS)
+    assert result.vectors.shape == (len(TEXTS), EMBED_CONFIG["hidden_size"])
+    assert result.vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(result.vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_prompt_tokens_count_every_input_with_its_special_tokens(engine, tiny_embedding_model):
+    tok = hf_tokenizer(tiny_embedding_model)
+    expected = sum(len(tok(t)["input_ids"]) for t in TEXTS)
+    assert embed(engine, TEXTS).prompt_tokens == expected
+
+
+def test_a_batch_of_inputs_equals_each_input_alone(engine):
+    together = embed(engine, TEXTS).vectors
+    for i, text in enumerate(TEXTS):
+        alone = embed(engine, [text]).vectors[0]
+        assert float(np.dot(together[i], alone)) > 0.9999, (i, text)
+
+
+def test_identical_texts_have_cosine_one_and_different_texts_differ(engine):
+    v = embed(engine, [TEXTS[1], TEXTS[0], TEXTS[1]]).vectors
+    assert float(np.dot(v[0], v[2])) == pytest.approx(1.0, abs=1e-6)
+    assert float(np.dot(v[0], v[1])) < 0.99
+    again = embed(engine, [TEXTS[1]]).vectors[0]
+    assert float(np.dot(v[0], again)) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_token_ids_give_the_same_vector_as_their_text(engine, tiny_embedding_model):
+    tok = hf_tokenizer(tiny_embedding_model)
+    ids = [tok(t)["input_ids"] for t in TEXTS[:3]]
+    from_ids = embed(engine, ids)
+    from_text = embed(engine, TEXTS[:3])
+    assert from_ids.prompt_tokens == from_text.prompt_tokens == sum(map(len, ids))
+    for a, b in zip(from_ids.vectors, from_text.vectors, strict=True):
+        assert float(np.dot(a, b)) > 0.9999
+
+
+def test_dimensions_truncate_then_renormalize(engine):
+    full = embed(engine, TEXTS).vectors
+    short = embed(engine, TEXTS, dimensions=16).vectors
+    assert short.shape == (len(TEXTS), 16)
+    expected = full[:, :16] / np.linalg.norm(full[:, :16], axis=1, keepdims=True)
+    np.testing.assert_allclose(short, expected, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(short, axis=1), 1.0, atol=1e-5)
+    same = embed(engine, TEXTS[:1], dimensions=EMBED_CONFIG["hidden_size"]).vectors
+    np.testing.assert_allclose(same[0], full[0], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "code", "needle"),
+    [
+        ([], "invalid_value", "must not be empty"),
+        (["fine", ""], "invalid_value", "Input 1 is empty"),
+        ([[]], "invalid_value", "Input 0 is empty"),
+        (["text", [1, 2]], "invalid_value", "not a mix"),
+        ([[2, 5, 3], [2, 400, 3]], "invalid_value", "outside this model's vocabulary of 400"),
+        ([[2, -1, 3]], "invalid_value", "[-1]"),
+        ([[1, True]], "invalid_value", "integer token ids"),
+        ([[2] * 129], "context_length_exceeded", "Input 0 is 129 tokens"),
+        (["ok", "x" * 4_000_000], "context_length_exceeded", "Input 1 is 4000000 characters"),
+        # Fewer characters than the bound, more tokens than the context: found by tokenizing.
+        (["ok", "ok", "river " * 200], "context_length_exceeded", "Input 2 is 202 tokens"),
+    ],
+)
+def test_bad_inputs_are_refused_with_a_400(engine, inputs, code, needle):
+    error = refusal(engine, inputs)
+    assert (error.status, error.code, error.param) == (400, code, "input")
+    assert needle in error.message
+    assert embed(engine, ["still serving"]).vectors.shape[0] == 1
+
+
+@pytest.mark.parametrize("dimensions", [0, -3, EMBED_CONFIG["hidden_size"] + 1])
+def test_dimensions_out_of_range_are_refused(engine, dimensions):
+    error = refusal(engine, ["x"], dimensions)
+    assert (error.status, error.code, error.param) == (400, "invalid_value", "dimensions")
+
+
+def test_a_model_without_matryoshka_training_refuses_dimensions(tiny_embedding_model, tmp_path):
+    plain = tmp_path / "plain-bert"
+    shutil.copytree(tiny_embedding_model, plain)
+    config = json.loads((plain / "config.json").read_text())
+    del config["matryoshka_dimensions"]
+    (plain / "config.json").write_text(json.dumps(config))
+    engine = make(plain)
+    try:
+        assert engine.info is not None and not engine.info.supports_dimensions
+        error = refusal(engine, ["x"], 16)
+        assert (error.status, error.code, error.param) == (
+            400,
+            "unsupported_parameter",
+            "dimensions",
+        )
+        assert embed(engine, ["x"]).vectors.shape == (1, EMBED_CONFIG["hidden_size"])
+    finally:
+        engine.stop()
+
+
+def test_max_context_lowers_the_limit_per_input(tiny_embedding_model):
+    engine = make(tiny_embedding_model, max_context=8)
+    try:
+        assert engine.info is not None and engine.info.context_length == 8
+        assert refusal(engine, ["the river runs past the old mill"]).code == (
+            "context_length_exceeded"
+        )
+        assert embed(engine, ["river"]).vectors.shape[0] == 1
+    finally:
+        engine.stop()
+
+
+def test_requests_queued_together_share_forward_passes(tiny_embedding_model):
+    # Queued before the thread starts, so the first round sees them all at once.
+    engine = make(tiny_embedding_model, batch=8, start=False)
+    futures = [engine.submit(TEXTS[:3], dimensions=None) for _ in range(5)]
+    engine.start()
+    try:
+        results = [f.result(60) for f in futures]
+        snap = engine.snapshot()
+        # Two requests (6 inputs) per round under a batch of 8; the fifth alone.
+        assert snap.forward_passes == 3
+        assert snap.last_batch_size == 3
+        assert snap.requests_served == 5 and snap.inputs_embedded == 15
+        for r in results[1:]:
+            np.testing.assert_allclose(r.vectors, results[0].vectors, atol=1e-5)
+    finally:
+        engine.stop()
+
+
+def test_a_forward_pass_holds_at_most_the_batch_size(tiny_embedding_model):
+    engine = make(tiny_embedding_model, batch=2)
+    try:
+        result = embed(engine, TEXTS)
+        snap = engine.snapshot()
+        assert snap.forward_passes == 3  # 5 inputs, 2 per pass
+        assert snap.batch_limit == 2 and snap.last_batch_size <= 2
+        assert result.vectors.shape[0] == len(TEXTS)
+    finally:
+        engine.stop()
+
+
+def test_snapshot_counts_work_and_state(tiny_embedding_model):
+    engine = make(tiny_embedding_model, start=False)
+    assert engine.snapshot().state == "loading" and not engine.alive
+    engine.start()
+    assert engine.wait_loaded(120)
+    try:
+        before = engine.snapshot()
+        assert before.state == "ready" and before.weights_bytes == engine.weights_bytes > 0
+        result = embed(engine, TEXTS[:2])
+        refusal(engine, [""])
+        after = engine.snapshot()
+        assert after.requests_served == before.requests_served + 1
+        assert after.requests_failed == before.requests_failed + 1
+        assert after.inputs_embedded == before.inputs_embedded + 2
+        assert after.tokens_embedded == before.tokens_embedded + result.prompt_tokens
+        assert (after.queued, after.running) == (0, 0) and not engine.busy
+    finally:
+        engine.stop()
+    assert engine.snapshot().state == "stopped" and not engine.alive
+
+
+def test_stop_fails_queued_requests_and_later_submits(tiny_embedding_model):
+    engine = make(tiny_embedding_model, start=False)
+    queued = engine.submit(["waiting"])
+    assert engine.busy
+    engine.stop()
+    with pytest.raises(EmbeddingError) as caught:
+        queued.result(10)
+    assert (caught.value.status, caught.value.code) == (503, "shutting_down")
+    late = refusal(engine, ["late"])
+    assert (late.status, late.code) == (503, "shutting_down")
+
+
+def test_a_missing_path_is_a_load_error_not_a_download(tmp_path):
+    engine = make(tmp_path / "no-such-model", start=False)
+    queued = engine.submit(["x"])
+    engine.start()
+    assert not engine.wait_loaded(60)
+    assert engine.load_error is not None and "is not a directory" in engine.load_error
+    assert engine.snapshot().state == "failed"
+    with pytest.raises(EmbeddingError) as caught:
+        queued.result(10)
+    assert (caught.value.status, caught.value.code) == (503, "model_load_failed")
+    assert "is not a directory" in caught.value.message
+    assert refusal(engine, ["x"]).code == "model_load_failed"
+    engine.stop()
+
+
+def test_an_unsupported_family_is_a_load_error(tiny_embedding_model, tmp_path):
+    odd = tmp_path / "odd"
+    shutil.copytree(tiny_embedding_model, odd)
+    config = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neo"}))
+    engine = make(odd, start=False)
+    engine.start()
+    assert not engine.wait_loaded(60)
+    assert "does not support model_type 'gpt_neo'" in (engine.load_error or "")
+    engine.stop()
+
+
+def test_without_the_extra_the_load_fails_naming_the_install(tiny_embedding_model, monkeypatch):
+    # The one thing that cannot exist here for real: an install without mlx-embeddings.
+    for name in [m for m in sys.modules if m.split(".")[0] == "mlx_embeddings"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mlx_embeddings", None)
+    engine = make(tiny_embedding_model, start=False)
+    engine.start()
+    assert not engine.wait_loaded(60)
+    assert "pip install 'mlxd[embeddings]'" in (engine.load_error or "")
+    assert refusal(engine, ["x"]).status == 503
+    engine.stop()
