@@ -24,6 +24,7 @@ from mlxd.engine.channel import Channel
 from mlxd.engine.drain import DrainLog, LaneState, plan
 from mlxd.engine.emit import TextStream
 from mlxd.engine.intake import Prepared, prepare
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Accepted, Failed, GenerationRequest
 from mlxd.engine.model import LoadedModel
 from mlxd.engine.output import make_output
@@ -85,11 +86,32 @@ class EngineCore:
         # that broadcast each step (mlxd.engine.leader).
         self.batch_factory: Callable[..., BatchLane] = BatchLane
         self.serial_factory: Callable[..., SerialRun] = SerialRun
+        # The memory budget shared with other loaded models (mlxd.engine.memory),
+        # set by the fleet; None: this engine's [batch] kv_budget alone.
+        self.pool: MemoryPool | None = None
+        self.pool_id = ""
 
     def sample_peaks(self) -> None:
         """Record the KV bytes and queue length now, for the dashboard's sparklines."""
         kv = self._live_bytes() + (self.serial.nbytes if self.serial is not None else 0)
         self.peaks.add(kv, len(self.pending) + len(self.serial_queue), time.time())
+        if self.pool is not None:
+            self.pool.report_kv(self.pool_id, self._kv_claim())
+            self.budget_bytes = self._budget()
+
+    def _kv_claim(self, candidate: int | None = None) -> int:
+        """The KV bytes this engine holds or may grow to: its claim on a shared pool."""
+        serial = self.serial.nbytes if self.serial is not None else 0
+        if candidate is not None:
+            return candidate + serial
+        if self.batch is None or self.loaded is None or not len(self.batch):
+            return self._live_bytes() + serial
+        projected = admission.project_batch_bytes(
+            self.loaded.layout,
+            [r.extent for r in self.batch.rows.values()],
+            self.settings.batch.prefill_step_size,
+        )
+        return max(projected, self._live_bytes()) + serial
 
     def memory(self) -> dict[str, int]:
         """MLX's allocator bytes; read on the engine thread, empty before a model loads."""
@@ -118,6 +140,9 @@ class EngineCore:
 
     def _budget(self) -> int:
         kv = self.settings.batch.kv_budget
+        if self.pool is not None:
+            ceiling = self.pool.kv_ceiling(self.pool_id)
+            return ceiling if kv == "auto" else min(int(kv), ceiling)
         if kv != "auto":
             return int(kv)
         from mlxd.engine.model import device_memory_bytes
@@ -380,6 +405,7 @@ class EngineCore:
             self.batch = self.batch_factory(self.loaded, self.settings.batch, faults=self.faults)
         batch, layout = self.batch, self.loaded.layout
         step = self.settings.batch.prefill_step_size
+        pool = self.pool
         while self.pending:
             row = self.pending[0]
             if row.prefetched is None:
@@ -391,12 +417,17 @@ class EngineCore:
                 [r.extent for r in batch.rows.values()],
                 row.extent,
                 batch_size=self.settings.batch.size,
-                budget=self.budget_bytes,
+                budget=self._admission_budget(),
                 real_bytes=batch.nbytes,
                 prefill_step_size=step,
             )
             if not check.admit:
                 self.waiting_for = check.waiting_for
+                return
+            if pool is not None and not pool.claim_kv(
+                self.pool_id, self._kv_claim(max(check.projected_bytes, batch.nbytes))
+            ):
+                self.waiting_for = "budget"  # another model claimed it in the meantime
                 return
             self.pending.popleft()
             row.prefetched = None
@@ -410,6 +441,13 @@ class EngineCore:
             self.last_turn = "batch"
             self.max_active_seen = max(self.max_active_seen, len(batch))
             self.prompt_cache.trim(self._live_bytes())
+
+    def _admission_budget(self) -> int:
+        """The KV bytes the batch may use now: the budget, less what other models claim."""
+        if self.pool is None:
+            return self.budget_bytes
+        serial = self.serial.nbytes if self.serial is not None else 0
+        return min(self.budget_bytes, self.pool.kv_limit(self.pool_id) - serial)
 
     def _step_batch(self) -> None:
         batch = self.batch

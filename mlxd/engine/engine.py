@@ -33,6 +33,7 @@ from mlxd.engine.channel import Channel, RequestHandle
 from mlxd.engine.cluster import PeerLost
 from mlxd.engine.core import EngineCore
 from mlxd.engine.intake import IntakeError, Prepared, prepare, tokenize
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Constraint, Failed, GenerationRequest, ModelInfo
 from mlxd.engine.model import LoadedModel, ModelLoadError, load_model
 from mlxd.engine.shard import ClusterError
@@ -132,6 +133,8 @@ class Engine:
         cluster: Rank 0 of a cluster (docs/cluster.md): the engine joins the
             group, loads its shard, and broadcasts each step to the other
             ranks. ``None`` runs on this machine alone.
+        pool: The memory budget shared with the other loaded models
+            (:mod:`mlxd.engine.memory`); ``model_id`` names this engine in it.
     """
 
     def __init__(
@@ -143,10 +146,15 @@ class Engine:
         config_source: str | None = None,
         runtime: dict[str, Any] | None = None,
         cluster: Leader | None = None,
+        pool: MemoryPool | None = None,
+        model_id: str = "",
     ):
         self._core = EngineCore(
             settings, faults=fault_injection, config_source=config_source, runtime=runtime
         )
+        self._core.pool, self._core.pool_id = pool, model_id
+        self.model_id = model_id
+        suffix = f"-{model_id}" if model_id else ""
         self._cluster = cluster
         self._idle_wait = _IDLE_WAIT_S
         if cluster is not None:
@@ -170,13 +178,13 @@ class Engine:
         self._stop = threading.Event()
         self._loaded_event = threading.Event()
         self._generation = 0
-        self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"mlxd-engine{suffix}", daemon=True)
         # Requests handed to the intake thread, by id (engine thread only).
         self._intake_jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._intaking: dict[str, _Submit] = {}
         self._cancelled_in_intake: set[str] = set()
         self._intake_thread = threading.Thread(
-            target=self._intake_loop, name="mlxd-intake", daemon=True
+            target=self._intake_loop, name=f"mlxd-intake{suffix}", daemon=True
         )
         self._snapshot = build_snapshot(self._core, state="starting")
         self.model_info: ModelInfo | None = None
@@ -197,6 +205,22 @@ class Engine:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def busy(self) -> bool:
+        """Rows running or queued, as of the latest snapshot."""
+        return self._snapshot.busy
+
+    @property
+    def load_error(self) -> str | None:
+        """Why the model did not load (after :meth:`wait_loaded`), else None."""
+        core = self._core
+        return core.model_error or "the model did not load" if core.loaded is None else None
+
+    @property
+    def weights_bytes(self) -> int:
+        info = self.model_info
+        return info.weights_bytes if info is not None else 0
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Queue a request; call from a running event loop. Read events from the handle."""
@@ -330,7 +354,11 @@ class Engine:
         self._publish(state="stopped")
         core.release()
         gc.collect()
-        logger.info("engine stopped")
+        if core.pool is not None:  # unloaded to make room: give the freed buffers back
+            import mlx.core as mx
+
+            mx.clear_cache()
+        logger.info("engine stopped%s", f" ({self.model_id})" if self.model_id else "")
 
     def _load(self, model: ModelSettings) -> LoadedModel:
         """Load ``model``; in a cluster, every rank loads its shard together."""
@@ -341,6 +369,8 @@ class Engine:
             )
         from mlxd.engine.cluster_start import check_model, shard_loader
 
+        # A registry entry's own keys (kind, pin, overrides) stay on rank 0.
+        model = ModelSettings(**model.model_dump(include=set(ModelSettings.model_fields)))
         check_model(cluster, model, optimized_blas=self._optimized_blas)
         cluster.load(model.model_dump(), self._generation)
         try:

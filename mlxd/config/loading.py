@@ -1,0 +1,93 @@
+"""Reading a config file into :class:`Settings`, and writing one back as TOML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from mlxd.config.issues import (
+    ConfigError,
+    ConfigIssue,
+    _issues_from_validation,
+    _line_of,
+    parse_toml,
+)
+from mlxd.config.registry import registry_issues
+from mlxd.config.settings import Settings, _toml_input
+
+
+def load_settings(
+    path: str | Path | None,
+    *,
+    text: str | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> Settings:
+    """Build settings from a TOML file, the environment and overrides.
+
+    Args:
+        path: The TOML file. ``None`` means defaults plus environment only.
+        text: Use this text instead of reading ``path`` (the editor validates
+            unsaved text this way); errors still name ``path``.
+        overrides: Values that beat both the file and the environment, by
+            section (``{"server": {"port": 9000}}``), e.g. from CLI flags.
+
+    Raises:
+        ConfigError: the file is missing, is not TOML, or fails validation.
+    """
+    source = str(path) if path is not None else "<defaults>"
+    token = None
+    if path is not None:
+        path = Path(path)
+        if text is None:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise ConfigError(source, [ConfigIssue("", "file not found")]) from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(source, [ConfigIssue("", f"cannot read: {exc}")]) from None
+        parse_toml(text, source)  # a readable error before pydantic sees it
+        token = _toml_input.set((path, text))
+    try:
+        settings = Settings(**(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(source, _issues_from_validation(exc, text)) from None
+    finally:
+        if token is not None:
+            _toml_input.reset(token)
+    issues = registry_issues(settings)
+    if issues:
+        raise ConfigError(source, [_placed(issue, text) for issue in issues])
+    return settings
+
+
+def _placed(issue: ConfigIssue, text: str | None) -> ConfigIssue:
+    """``issue`` with the line its key is written on (``[models.x] default``)."""
+    table, _, key = issue.key.partition(" ")
+    loc = [p for p in table.strip("[]").split(".") if p] + ([key] if key else [])
+    return ConfigIssue(issue.key, issue.reason, _line_of(text, loc))
+
+
+def dump_toml(settings: Settings, *, reveal_secrets: bool = False) -> str:
+    """The effective config as TOML text (defaults filled in).
+
+    Secrets are masked unless ``reveal_secrets``; unset optional keys are left
+    out, since TOML has no null.
+    """
+    import tomli_w
+
+    data = settings.model_dump(mode="json")
+    if reveal_secrets:
+        data["server"]["api_keys"] = [k.get_secret_value() for k in settings.server.api_keys]
+        token = settings.server.admin_token
+        data["server"]["admin_token"] = token.get_secret_value() if token else None
+    return tomli_w.dumps(_drop_none(data))
+
+
+def _drop_none(value: Any) -> Any:
+    """``value`` without None anywhere (TOML has no null), nor empty override tables."""
+    if isinstance(value, dict):
+        out = {k: _drop_none(v) for k, v in value.items() if v is not None}
+        return {k: v for k, v in out.items() if v != {} or k == "models"}
+    return value

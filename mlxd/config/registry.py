@@ -1,0 +1,190 @@
+"""The model registry: ``[models.<id>]`` tables, or the one ``[model]`` table.
+
+A config names its models either with one ``[model]`` table (the original
+form: one model, loaded at start and never evicted) or with a
+``[models.<id>]`` table per model. :func:`registry` gives both the same
+shape, an ordered ``{id: ModelEntry}``, and :func:`for_model` the settings
+one model runs with: the global sections, overridden by the entry's own
+``batch``, ``lanes``, ``sampling`` and ``prompt_cache`` tables.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlxd.config.entry import OVERRIDABLE, ModelEntry
+from mlxd.config.issues import ConfigIssue
+from mlxd.config.sections import ModelSettings
+
+if TYPE_CHECKING:
+    from mlxd.config.settings import Settings
+
+# What a [models.<id>] table's name may be: what clients send as "model".
+MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+DEMO_MODEL_ID = "SmolLM2-135M-Instruct"  # mlxd.demo.DEMO_MODEL_ID, without importing it
+
+
+def single_id(model: ModelSettings) -> str:
+    """The id of the model a ``[model]`` table serves (what mlx-lm's loader names it)."""
+    if model.name:
+        return model.name
+    if model.path:
+        return Path(model.path).expanduser().resolve().name
+    return DEMO_MODEL_ID
+
+
+def registry(settings: Settings) -> dict[str, ModelEntry]:
+    """Every configured model by id, in the file's order."""
+    if settings.models:
+        return dict(settings.models)
+    model = settings.model
+    entry = ModelEntry(**model.model_dump(), default=True, pin=True)
+    return {single_id(model): entry}
+
+
+def for_model(settings: Settings, model_id: str) -> Settings:
+    """The settings ``model_id`` runs with: its entry as ``model``, its overrides applied."""
+    entry = registry(settings)[model_id]
+    update: dict[str, Any] = {"model": entry.model_copy(update={"name": model_id})}
+    for name, section in OVERRIDABLE.items():
+        own = getattr(entry, name).model_dump(exclude_none=True)
+        if own:
+            merged = {**getattr(settings, name).model_dump(), **own}
+            update[name] = section.model_validate(merged)
+    return settings.model_copy(update=update)
+
+
+def default_id(settings: Settings, kind: str = "chat") -> str | None:
+    """The model a request that names none gets: the entry marked default, else the first."""
+    entries = [(i, e) for i, e in registry(settings).items() if e.kind == kind]
+    for model_id, entry in entries:
+        if entry.default:
+            return model_id
+    return entries[0][0] if entries else None
+
+
+def resolve(settings: Settings, name: str | None, kind: str = "chat") -> str | None:
+    """The id ``name`` (an id or an alias; empty for the default) stands for, or None.
+
+    An exact id wins, then an exact alias, then the first alias pattern
+    (fnmatch, in the file's order) that matches.
+    """
+    if not name:
+        return default_id(settings, kind)
+    entries = registry(settings)
+    if name in entries:
+        return name
+    for model_id, entry in entries.items():
+        if name in entry.aliases:
+            return model_id
+    for model_id, entry in entries.items():
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in entry.aliases):
+            return model_id
+    return None
+
+
+def registry_issues(settings: Settings) -> list[ConfigIssue]:
+    """What is wrong with the registry as a whole (each entry is valid on its own)."""
+    issues: list[ConfigIssue] = []
+    models = settings.models
+    if not models:
+        return issues
+    if "model" in settings.model_fields_set:
+        issues.append(
+            ConfigIssue(
+                "[model]",
+                "use either one [model] table or [models.<id>] tables, not both "
+                "(move it to [models.<id>])",
+            )
+        )
+    owners: dict[str, str] = {}
+    defaults: dict[str, list[str]] = {}
+    for model_id, entry in models.items():
+        where = f"[models.{model_id}]"
+        if not MODEL_ID.match(model_id):
+            issues.append(
+                ConfigIssue(
+                    where,
+                    "a model id is letters, digits and . _ : / @ + - (at most 128, "
+                    "starting with a letter or digit)",
+                )
+            )
+        if entry.name is not None and entry.name != model_id:
+            issues.append(
+                ConfigIssue(
+                    f"{where} name",
+                    f"the table's name is the model id ({model_id!r}); "
+                    "drop name, or list other names in aliases",
+                )
+            )
+        if entry.kind == "embedding" and entry.path is None:
+            issues.append(ConfigIssue(f"{where} path", "an embedding model needs a path"))
+        if entry.default:
+            defaults.setdefault(entry.kind, []).append(model_id)
+        for alias in entry.aliases:
+            if alias in models and alias != model_id:
+                issues.append(
+                    ConfigIssue(f"{where} aliases", f"{alias!r} is the id of another model")
+                )
+            elif alias in owners and owners[alias] != model_id:
+                issues.append(
+                    ConfigIssue(
+                        f"{where} aliases",
+                        f"{alias!r} is already an alias of [models.{owners[alias]}]",
+                    )
+                )
+            owners.setdefault(alias, model_id)
+    if not any(e.kind == "chat" for e in models.values()):
+        issues.append(
+            ConfigIssue("[models]", 'the registry needs at least one kind = "chat" model')
+        )
+    for kind, ids in defaults.items():
+        if len(ids) > 1:
+            issues.append(
+                ConfigIssue(
+                    f"[models.{ids[1]}] default",
+                    f"only one {kind} model may be the default ({', '.join(ids)} are)",
+                )
+            )
+    if settings.cluster is not None:
+        chats = [i for i, e in models.items() if e.kind == "chat"]
+        if len(models) > 1:
+            issues.append(
+                ConfigIssue(
+                    "[cluster]",
+                    f"a cluster serves exactly one chat model; this config has {len(models)} "
+                    f"({', '.join(models)})",
+                )
+            )
+        elif not chats:
+            issues.append(ConfigIssue("[cluster]", "a cluster serves a chat model"))
+    return issues
+
+
+def describe(settings: Settings) -> list[str]:
+    """The effective registry, a line per model (``mlxd check-config``)."""
+    lines = []
+    for model_id, entry in registry(settings).items():
+        flags = [entry.kind]
+        if model_id == default_id(settings, entry.kind):
+            flags.append("default")
+        if entry.pin:
+            flags.append("pinned")
+        keep = entry.keep_alive
+        flags.append("keep_alive " + (keep if keep == "forever" else f"{keep:g}s"))
+        own = [
+            f"{name}.{key}={value}"
+            for name in OVERRIDABLE
+            for key, value in getattr(entry, name).model_dump(exclude_none=True).items()
+        ]
+        where = entry.path or "built-in demo model"
+        line = f"  {model_id}: {where} ({', '.join(flags)})"
+        if entry.aliases:
+            line += f"; aliases {', '.join(entry.aliases)}"
+        if own:
+            line += f"; overrides {', '.join(own)}"
+        lines.append(line)
+    return lines

@@ -1,0 +1,265 @@
+"""The config's sections: one frozen pydantic model per TOML table."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from mlxd.config.units import Bytes, KvBudget
+
+Reload = Literal["live", "swap", "restart"]
+
+
+def _field(default: Any, reload: Reload, description: str, **kwargs: Any) -> Any:
+    return Field(default, description=description, json_schema_extra={"reload": reload}, **kwargs)
+
+
+class Section(BaseModel):
+    """A config section: frozen, and unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+_HOST_NAME = re.compile(r"^(\*|(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)$")
+
+
+def _check_allowed_hosts(value: list[str]) -> list[str]:
+    out = []
+    for raw in value:
+        host = raw.strip().lower().rstrip(".")
+        if not _HOST_NAME.match(host):
+            raise ValueError(
+                f"{raw!r} is not a host name: list bare names such as 'box.lan' or "
+                "'*.example.com' (no scheme, port or path)"
+            )
+        out.append(host)
+    return out
+
+
+class ServerSettings(Section):
+    host: str = _field(
+        "127.0.0.1",
+        "restart",
+        "Address to bind; off loopback the admin token guards the dashboard.",
+    )
+    port: int = _field(8080, "restart", "TCP port.", ge=1, le=65535)
+    api_keys: list[SecretStr] = _field(
+        [], "live", "Bearer keys accepted on /v1 routes; empty means /v1 is open."
+    )
+    admin_token: SecretStr | None = _field(
+        None, "live", "Token for the dashboard, /stats and /admin when bound off loopback."
+    )
+    allow_anonymous_read: bool = _field(
+        False, "live", "Off loopback, let anyone read the dashboard, /stats and /metrics."
+    )
+    allowed_hosts: list[str] = _field(
+        [],
+        "live",
+        "Extra Host names accepted besides loopback, IP literals, this machine's name and "
+        '`host` ("box.lan", "*.example.com"; "*" turns the check off).',
+    )
+    shutdown_timeout: float = _field(
+        30.0, "live", "Seconds in-flight requests may take to finish after SIGTERM.", ge=0
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = _field(
+        "info", "live", "Log level of the daemon (the --log-level flag wins)."
+    )
+    log_requests: bool = _field(
+        True, "live", "One info log line per /v1 request: route, status, lane, tokens, timings."
+    )
+    unknown_parameters: Literal["reject", "ignore"] = _field(
+        "reject",
+        "live",
+        "Unknown top-level request parameters: 400 (reject), or dropped and listed in the "
+        "X-Mlxd-Ignored-Parameters header (ignore).",
+    )
+    reasoning_field: Literal["reasoning_content", "reasoning", "both"] = _field(
+        "reasoning_content",
+        "live",
+        "Chat field that carries a reasoning model's thinking (message and delta).",
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, value: list[str]) -> list[str]:
+        return _check_allowed_hosts(value)
+
+
+class ModelSettings(Section):
+    path: str | None = _field(
+        None, "swap", "Local mlx-lm model directory; unset serves the built-in demo model."
+    )
+    name: str | None = _field(
+        None, "swap", "Model id clients send and /v1/models lists; default: the directory name."
+    )
+    chat_template: str | None = _field(
+        None, "swap", "Chat template override: a path to a Jinja file, or the template itself."
+    )
+    tool_parser: str | None = _field(
+        None,
+        "swap",
+        "mlx-lm tool parser (json_tools, mistral, pythonic, ...) when the model does not name one.",
+    )
+    max_context: int | None = _field(
+        None, "swap", "Context length in tokens; default: what the model's config declares.", gt=0
+    )
+    demo_dtype: Literal["auto", "q4", "bfloat16", "float32"] = _field(
+        "auto", "swap", "Weights of the demo model: auto picks per platform and BLAS."
+    )
+    aliases: list[str] = _field(
+        [],
+        "live",
+        "Other model ids clients may ask for (fnmatch patterns such as 'claude-*'); "
+        "they get the served model.",
+    )
+
+
+class BatchSettings(Section):
+    size: int = _field(
+        8,
+        "live",
+        "1 runs everything serially; N > 1 batches up to N rows (a mode, not a fallback).",
+        ge=1,
+        le=256,
+    )
+    # 8 = the default width: a burst that fills the batch is prefilled as one group
+    # (docs/performance.md, "Choosing prompt_concurrency").
+    prompt_concurrency: int = _field(
+        8, "live", "Prompts prefilled together between two decode steps.", ge=1, le=256
+    )
+    prefill_step_size: int = _field(
+        512, "live", "Prompt tokens per prefill chunk (a decode step runs between chunks).", ge=16
+    )
+    kv_budget: KvBudget = _field(
+        "auto",
+        "live",
+        'Bytes the batch KV cache may use, or "auto" (device memory minus weights and headroom).',
+    )
+    decode_allowance: int = _field(
+        2048,
+        "live",
+        "Generated tokens counted per row when projecting KV bytes at admission.",
+        ge=1,
+    )
+
+
+LaneChoice = Literal["batch", "serial"]
+
+
+class LaneSettings(Section):
+    logprobs: LaneChoice = _field("batch", "live", "Lane for requests that ask for logprobs.")
+    penalties: LaneChoice = _field(
+        "batch", "live", "Lane for repetition, presence or frequency penalties."
+    )
+    logit_bias: LaneChoice = _field("batch", "live", "Lane for requests with a logit_bias.")
+    constrained: LaneChoice = _field(
+        "batch", "live", "Lane for JSON-schema or forced-tool-call (grammar) requests."
+    )
+
+
+class PromptCacheSettings(Section):
+    max_bytes: Bytes = _field(
+        "1GiB",
+        "live",
+        "Byte cap of the prompt (prefix) cache; shrinks by the live batch's KV bytes.",
+    )
+    max_entries: int = _field(
+        10, "live", "Cached conversations kept; 0 disables the prompt cache.", ge=0
+    )
+
+
+class SamplingSettings(Section):
+    temperature: float = _field(
+        0.0, "live", "Default temperature; 0 is greedy, as in mlx_lm.server.", ge=0, le=2
+    )
+    top_p: float = _field(1.0, "live", "Default nucleus sampling mass (1 disables).", gt=0, le=1)
+    top_k: int = _field(0, "live", "Default top-k (0 disables).", ge=0)
+    min_p: float = _field(0.0, "live", "Default min-p (0 disables).", ge=0, le=1)
+    max_tokens: int = _field(
+        512, "live", "Tokens generated when a request sets no max_tokens.", ge=1
+    )
+
+
+class LimitSettings(Section):
+    max_queued: int = _field(
+        64, "live", "Requests that may wait for admission; beyond it, 429 with Retry-After.", ge=1
+    )
+    max_body_bytes: Bytes = _field("4MiB", "live", "Largest request body; larger gets 413.")
+    max_tokens: int = _field(8192, "live", "Largest max_tokens a request may ask for.", ge=1)
+    header_timeout: float = _field(
+        15.0,
+        "live",
+        "Seconds a client may take to send a request's headers; then the connection closes.",
+        gt=0,
+    )
+    body_timeout: float = _field(
+        60.0, "live", "Seconds a client may take to send a request body; then 408.", gt=0
+    )
+
+
+class ResponsesSettings(Section):
+    max_stored: int = _field(
+        256,
+        "live",
+        "Responses kept in memory for previous_response_id and GET; 0 stores none.",
+        ge=0,
+    )
+    ttl: float = _field(3600.0, "live", "Seconds a stored response stays retrievable.", gt=0)
+
+
+class RuntimeSettings(Section):
+    blas: str = _field(
+        "auto", "restart", 'Linux CPU BLAS: "auto", "off", or the path of a CBLAS shared library.'
+    )
+    threads: int | None = _field(
+        None,
+        "restart",
+        "BLAS threads; default: the CPUs mlxd may run on (OPENBLAS_NUM_THREADS wins).",
+        ge=1,
+    )
+
+    @field_validator("blas")
+    @classmethod
+    def _check_blas(cls, value: str) -> str:
+        if value in ("auto", "off") or value.endswith((".so", ".dylib")) or ".so." in value:
+            return value
+        raise ValueError('use "auto", "off" or the path of a shared library (…/libopenblas.so.0)')
+
+
+class MemorySettings(Section):
+    budget: KvBudget = _field(
+        "auto",
+        "live",
+        "Bytes all loaded models may use together (weights, KV caches, prompt caches); "
+        '"auto" is device memory minus a headroom of 20% (at least 1 GiB).',
+    )
+
+
+class ClusterSettings(Section):
+    """One model sharded across several machines with ``mx.distributed`` (docs/cluster.md)."""
+
+    backend: Literal["ring", "jaccl", "auto"] = _field(
+        "auto", "restart", 'MLX distributed backend; "auto" lets MLX pick what is available.'
+    )
+    hostfile: str | None = _field(
+        None,
+        "restart",
+        "MLX hostfile (JSON list of each rank's addresses); default: $MLX_HOSTFILE.",
+    )
+    rank: int | None = _field(
+        None, "restart", "This process's rank (0 serves HTTP); default: $MLX_RANK.", ge=0
+    )
+    sharding: Literal["tensor", "pipeline", "auto"] = _field(
+        "auto", "restart", 'How the model is split; "auto" is tensor when the model supports it.'
+    )
+    join_timeout: float = _field(
+        60.0, "restart", "Seconds every rank has to join at startup; then the process exits.", gt=0
+    )
+    step_timeout: float = _field(
+        120.0,
+        "restart",
+        "Seconds one step (or one idle heartbeat) may take before rank 0 gives the peer up.",
+        gt=0,
+    )
