@@ -13,6 +13,7 @@ import pytest
 from tinyembed import EMBED_CONFIG
 
 from mlxd.config import load_settings
+from mlxd.config.registry import for_model
 from mlxd.engine.embedding import EmbeddingEngine
 from mlxd.engine.embedding_messages import EmbeddingError, EmbeddingResult
 
@@ -26,10 +27,15 @@ TEXTS = [
 
 
 def make(path: Path, *, batch: int = 8, start: bool = True, **model: object) -> EmbeddingEngine:
+    """An engine for ``[models.emb]`` (``kind = "embedding"``, its own ``batch.size``).
+
+    The registry needs a chat model too; it is never loaded here.
+    """
+    entry = {"path": str(path), "kind": "embedding", "batch": {"size": batch}, **model}
     settings = load_settings(
-        None, overrides={"model": {"path": str(path), **model}, "batch": {"size": batch}}
+        None, overrides={"models": {"chat": {"path": str(path)}, "emb": entry}}
     )
-    engine = EmbeddingEngine(settings, "emb")
+    engine = EmbeddingEngine(for_model(settings, "emb"), "emb")
     if start:
         engine.start()
         assert engine.wait_loaded(120), engine.load_error
