@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from tinymodels import _CORPUS, cache_root
 
-__all__ = ["EMBED_CONFIG", "build_tiny_embedding", "tiny_embedding_dir"]
+__all__ = ["EMBED_CONFIG", "MINILM_SHAPE", "build_tiny_embedding", "tiny_embedding_dir"]
 
 CONTENT_VERSION = "e1"
 VOCAB_SIZE = 400
@@ -84,10 +84,10 @@ def _vocab_size() -> int:
     return len(json.loads(_tokenizer_json())["model"]["vocab"])
 
 
-def _tokenizer_config() -> dict[str, Any]:
+def _tokenizer_config(max_length: int) -> dict[str, Any]:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": EMBED_CONFIG["max_position_embeddings"],
+        "model_max_length": max_length,
         "cls_token": "[CLS]",
         "sep_token": "[SEP]",
         "pad_token": "[PAD]",
@@ -98,15 +98,31 @@ def _tokenizer_config() -> dict[str, Any]:
     }
 
 
-def build_tiny_embedding(out_dir: Path, *, seed: int = 0) -> Path:
-    """Write the random-weight BERT into ``out_dir`` (deterministic for ``seed``)."""
+# The shape of all-MiniLM-L6-v2 (a common real embedding model), for benchmarks.
+MINILM_SHAPE: dict[str, Any] = {
+    "hidden_size": 384,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 512,
+}
+
+
+def build_tiny_embedding(
+    out_dir: Path, *, seed: int = 0, shape: dict[str, Any] | None = None
+) -> Path:
+    """Write the random-weight BERT into ``out_dir`` (deterministic for ``seed``).
+
+    ``shape`` overrides config keys (e.g. :data:`MINILM_SHAPE` for a real model's size).
+    """
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_embeddings.models import bert
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = {**EMBED_CONFIG, "vocab_size": _vocab_size(), "torch_dtype": "float32"}
+    config = {**EMBED_CONFIG, **(shape or {}), "vocab_size": _vocab_size()}
+    config["torch_dtype"] = "float32"
     model = bert.Model(bert.ModelArgs.from_dict(config))
     params = dict(tree_flatten(model.parameters()))
     digest = hashlib.sha256(f"bert:{seed}".encode()).digest()
@@ -127,7 +143,9 @@ def build_tiny_embedding(out_dir: Path, *, seed: int = 0) -> Path:
     mx.save_safetensors(str(out_dir / "model.safetensors"), arrays, metadata={"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out_dir / "tokenizer.json").write_text(_tokenizer_json())
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(_tokenizer_config(config["max_position_embeddings"]), indent=2)
+    )
     (out_dir / "special_tokens_map.json").write_text(
         json.dumps({t.strip("[]").lower() + "_token": t for t in SPECIAL}, indent=2)
     )
