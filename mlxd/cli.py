@@ -15,8 +15,9 @@ from typing import Any
 
 from mlxd import __version__
 from mlxd.config import ConfigError, ConfigIssue, Settings, dump_toml, load_settings
+from mlxd.config.registry import describe
 from mlxd.logs import EscapingFormatter
-from mlxd.modelcheck import model_problems
+from mlxd.modelcheck import registry_problems
 
 logger = logging.getLogger("mlxd")
 
@@ -135,7 +136,7 @@ def _config_path(args: argparse.Namespace) -> Path | None:
 def _check_config(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.path)
-        problems = model_problems(settings.model)
+        problems = registry_problems(settings)
         if problems:
             raise ConfigError(str(args.path), [ConfigIssue(k, r) for k, r in problems])
     except ConfigError as exc:
@@ -144,6 +145,8 @@ def _check_config(args: argparse.Namespace) -> int:
     sys.stdout.write(
         f"# {args.path}: valid. Effective config (defaults filled in, secrets masked):\n"
     )
+    sys.stdout.write("# Models (the registry):\n")
+    sys.stdout.write("".join(f"#{line}\n" for line in describe(settings)))
     sys.stdout.write(dump_toml(settings))
     return 0
 

@@ -14,25 +14,39 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlxd.config import ModelSettings
+from mlxd.config import ModelSettings, Settings
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
-def model_problems(model: ModelSettings) -> list[tuple[str, str]]:
+def registry_problems(settings: Settings, *, only: set[str] | None = None) -> list[tuple[str, str]]:
+    """:func:`model_problems` of every registry entry (or those in ``only``)."""
+    if not settings.models:
+        return model_problems(settings.model)
+    problems: list[tuple[str, str]] = []
+    for model_id, entry in settings.models.items():
+        if only is None or model_id in only:
+            problems += model_problems(entry, table=f"models.{model_id}")
+    return problems
+
+
+def model_problems(model: ModelSettings, *, table: str = "model") -> list[tuple[str, str]]:
     """What is wrong with ``model``'s files, as ``(key, reason)`` pairs; empty if nothing.
 
     The built-in demo model (no ``path``) is prepared by mlxd itself and not checked here.
     """
     problems: list[tuple[str, str]] = []
     if model.path:
-        problems += [("[model] path", p) for p in _directory_problems(Path(model.path))]
+        problems += [(f"[{table}] path", p) for p in _directory_problems(Path(model.path))]
     template = model.chat_template
     if template and "{{" not in template and "{%" not in template:
         file = Path(template).expanduser()
         if not file.is_file():
             problems.append(
-                ("[model] chat_template", f"{template!r} is neither a template nor a readable file")
+                (
+                    f"[{table}] chat_template",
+                    f"{template!r} is neither a template nor a readable file",
+                )
             )
     return problems
 

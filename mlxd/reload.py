@@ -19,9 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from mlxd.config import SECTIONS, ConfigError, ConfigIssue, Settings, load_settings, reload_class
+from mlxd.config import (
+    SECTIONS,
+    ConfigError,
+    ConfigIssue,
+    ModelEntry,
+    Settings,
+    load_settings,
+    reload_class,
+)
 from mlxd.engine.snapshot import ConfigView, ReloadEvent
-from mlxd.modelcheck import model_problems
+from mlxd.modelcheck import registry_problems
 
 if TYPE_CHECKING:
     from mlxd.api.state import AppState
@@ -93,6 +101,28 @@ def diff(old: Settings, new: Settings) -> list[Change]:
                 changes.append(
                     Change(f"{section}.{key}", _display(a), _display(b), reload_class(section, key))
                 )
+    return changes + _registry_diff(before["models"], after["models"])
+
+
+def _registry_diff(before: dict[str, Any], after: dict[str, Any]) -> list[Change]:
+    """``[models.<id>]`` changes: an entry added or removed, or one key of it."""
+    changes = []
+    for model_id in [*before, *(i for i in after if i not in before)]:
+        a, b = before.get(model_id), after.get(model_id)
+        if a is None or b is None:
+            changes.append(
+                Change(
+                    f"models.{model_id}",
+                    "configured" if a else None,
+                    "configured" if b else None,
+                    "live",
+                )
+            )
+            continue
+        for key in ModelEntry.model_fields:
+            if a.get(key) != b.get(key):
+                reload = ModelEntry.model_fields[key].json_schema_extra["reload"]  # type: ignore[index]
+                changes.append(Change(f"models.{model_id}.{key}", a.get(key), b.get(key), reload))
     return changes
 
 
@@ -129,9 +159,11 @@ def check(
     except ConfigError as exc:
         result.issues = exc.issues
         return None, result
-    if new.model != state.settings.model:
+    old = state.settings
+    changed = {i for i, e in new.models.items() if old.models.get(i) != e}
+    if new.model != old.model or changed:
         # Checked before anything drains: a typo must not pause admission.
-        problems = model_problems(new.model)
+        problems = registry_problems(new, only=changed)
         if problems:
             result.issues = [ConfigIssue(key, reason) for key, reason in problems]
             return None, result
@@ -158,23 +190,20 @@ async def reload_from_file(
             await _record(engine, result)
             return result
         old = state.settings
-        swaps = [c for c in result.changes if c.reload == "swap"]
-        swap_ok = True
-        if swaps:
-            try:
-                info = await asyncio.wrap_future(engine.swap_model(new.model))
-                logger.info("model swapped to %s", info.id)
-            except Exception as exc:
-                swap_ok = False
-                result.ok = False
-                result.error = f"model swap failed, the previous model keeps serving: {exc}"
-                logger.error("%s", result.error)
-        effective = _effective(old, new, result.changes, swap_ok=swap_ok)
+        effective = _effective(old, new, result.changes, swap_ok=True)
+        failed = await state.fleet.apply(effective)
+        if failed:
+            result.ok = False
+            result.error = "; ".join(failed.values())
+            logger.error("%s", result.error)
+            effective = _revert(effective, old, set(failed))
+            await state.fleet.apply(effective)
         result.applied = [
-            c.key for c in result.changes if c.reload == "live" or (c.reload == "swap" and swap_ok)
+            c.key
+            for c in result.changes
+            if c.reload == "live" or (c.reload == "swap" and not _failed(c.key, failed, new))
         ]
         if result.applied:
-            await asyncio.wrap_future(engine.call(lambda core: core.apply(effective)))
             state.settings = effective
             _apply_process_settings(effective)
         await _record(engine, result)
@@ -188,6 +217,22 @@ async def reload_from_file(
                 f"; restart required for {restart}" if restart else "",
             )
         return result
+
+
+def _failed(key: str, failed: dict[str, str], new: Settings) -> bool:
+    """Whether the change of ``key`` belongs to a model whose swap failed."""
+    if key.startswith("model."):
+        return bool(failed) and not new.models
+    parts = key.split(".")
+    return len(parts) > 1 and parts[0] == "models" and parts[1] in failed
+
+
+def _revert(settings: Settings, old: Settings, failed: set[str]) -> Settings:
+    """``settings`` with the entries of models whose swap failed as they were."""
+    if not settings.models:
+        return settings.model_copy(update={"model": old.model})
+    models = {i: (old.models.get(i, e) if i in failed else e) for i, e in settings.models.items()}
+    return settings.model_copy(update={"models": models})
 
 
 def _text(value: Any) -> str:

@@ -65,7 +65,12 @@ class MlxdServer(uvicorn.Server):
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        fleet = asyncio.ensure_future(self.state.fleet.run())
+        fleet.add_done_callback(_log_task_error)
+        try:
+            await super().serve(sockets)
+        finally:
+            fleet.cancel()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -107,25 +112,31 @@ class MlxdServer(uvicorn.Server):
 
     async def _graceful_shutdown(self) -> None:
         state = self.state
-        engine = state.engine
+        engines = [e for e in state.fleet.engines() if e.alive]
         state.shutting_down = True
-        await asyncio.wrap_future(engine.call(lambda core: setattr(core, "accepting", False)))
+        for engine in engines:
+            await asyncio.wrap_future(engine.call(lambda core: setattr(core, "accepting", False)))
         timeout = state.settings.server.shutdown_timeout
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and engine.snapshot().busy:
+
+        def busy() -> bool:
+            return any(e.snapshot().busy for e in engines)
+
+        while time.monotonic() < deadline and busy():
             await asyncio.sleep(0.1)
-        if engine.snapshot().busy:
+        if busy():
             logger.warning(
                 "shutdown_timeout (%.0fs) passed: ending the remaining requests", timeout
             )
-            await asyncio.wrap_future(
-                engine.call(
-                    lambda core: core.abort_all(
-                        "the server shut down before this request finished "
-                        f"(shutdown_timeout {timeout:g}s)"
+            for engine in engines:
+                await asyncio.wrap_future(
+                    engine.call(
+                        lambda core: core.abort_all(
+                            "the server shut down before this request finished "
+                            f"(shutdown_timeout {timeout:g}s)"
+                        )
                     )
                 )
-            )
             await asyncio.sleep(0.2)  # let the error events reach their streams
         self.should_exit = True
 
@@ -217,27 +228,51 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
 
         leader = Leader(settings.cluster, member)
         logger.info("cluster rank 0 of %s: serving HTTP for the group", member.world)
-    engine = Engine(
+    optimized = bool(runtime["blas_optimized"])
+    source = str(config_path) if config_path else None
+    state: AppState | None = None
+
+    def make_engine(model_settings: Settings, model_id: str, pool: Any, at_start: bool) -> Engine:
+        engine = Engine(
+            model_settings,
+            optimized_blas=optimized,
+            fault_injection=faults,
+            config_source=source,
+            runtime=runtime,
+            cluster=leader,
+            pool=pool,
+            model_id=model_id,
+            load_at_start=at_start,
+        )
+        engine.on_fatal = lambda message, code: _leave_after_loss(state, message, code)
+        return engine
+
+    def make_embedding(model_settings: Settings, model_id: str) -> Any:
+        from mlxd.engine.embedding import EmbeddingEngine
+
+        return EmbeddingEngine(model_settings, model_id, optimized_blas=optimized)
+
+    from mlxd.engine.fleet import Fleet
+    from mlxd.engine.model import device_memory_bytes
+
+    fleet = Fleet(
         settings,
-        optimized_blas=bool(runtime["blas_optimized"]),
-        fault_injection=faults,
-        config_source=str(config_path) if config_path else None,
-        runtime=runtime,
-        cluster=leader,
+        device_bytes=device_memory_bytes(),
+        make_engine=make_engine,
+        make_embedding=make_embedding,
     )
     state = AppState(
-        engine=engine,
+        fleet=fleet,
         settings=settings,
         config_path=config_path,
         overrides=overrides,
         fault_injection=faults,
     )
-    engine.on_fatal = lambda message, code: _leave_after_loss(state, message, code)
     install_metrics(state)
     install_recent(state)
     logtail.install()
     app = make_app(state, extra_route_handlers=route_handlers())
-    engine.start()
+    fleet.start()
     config = uvicorn.Config(
         RequestGuard(app, lambda: state.settings),
         http=make_protocol(lambda: state.settings.limits.header_timeout),
@@ -262,7 +297,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     try:
         server.run(sockets=[sock])
     finally:
-        engine.stop()
+        fleet.stop()
     return 0 if server.started or server.should_exit else 1
 
 

@@ -11,14 +11,20 @@ from mlxd.api.state import AppState
 from mlxd.config import Settings
 from mlxd.dashboard.routes import route_handlers
 from mlxd.engine.engine import Engine
+from mlxd.engine.fleet import Fleet
+
+
+def _engine(settings, model_id, pool, at_start):
+    return Engine(settings, pool=pool, model_id=model_id, load_at_start=at_start)
+
 
 ROOT = Path(__file__).parent.parent
 API = (ROOT / "docs" / "api.md").read_text()
 
 
 def served_routes() -> set[tuple[str, str]]:
-    engine = Engine(Settings())  # never started: only the routing table is needed
-    app = make_app(AppState(engine, Settings()), extra_route_handlers=route_handlers())
+    fleet = Fleet(Settings(), device_bytes=2**30, make_engine=_engine)  # never started
+    app = make_app(AppState(fleet, Settings()), extra_route_handlers=route_handlers())
     routes = set()
     for route in app.routes:
         path = re.sub(r"\{(\w+):[^}]+\}", r"{\1}", route.path)

@@ -27,6 +27,12 @@ from mlxd.config import Settings, load_settings
 from mlxd.dashboard import configfile
 from mlxd.dashboard.routes import route_handlers
 from mlxd.engine.engine import Engine
+from mlxd.engine.fleet import Fleet
+
+
+def _engine(settings, model_id, pool, at_start):
+    return Engine(settings, pool=pool, model_id=model_id, load_at_start=at_start)
+
 
 ADMIN_TOKEN = "adm-editor-test-token"
 API_KEY = "sk-editor-secret-key"
@@ -337,7 +343,8 @@ def test_conflict_refuses_to_write(daemon: Daemon) -> None:
 
 def test_without_a_config_file_the_editor_explains() -> None:
     settings = Settings()
-    state = AppState(Engine(settings), settings, config_path=None)  # engine never started
+    fleet = Fleet(settings, device_bytes=2**30, make_engine=_engine)  # never started
+    state = AppState(fleet, settings, config_path=None)
     with TestClient(make_app(state, extra_route_handlers=route_handlers())) as client:
         page = client.get("/dashboard/config")
         assert page.status_code == 200

@@ -66,6 +66,7 @@ def test_http_side_imports_no_mlx(path):
         "mlxd.engine.structure",
         "mlxd.engine.embedding_messages",  # plain values of the embedding engine
         "mlxd.engine.embedding_checks",  # pure: embedding inputs against EmbeddingInfo
+        "mlxd.engine.fleet_view",  # plain views of the models, and the fleet's refusals
     }
     bad = {
         m

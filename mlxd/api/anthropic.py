@@ -11,7 +11,9 @@ in Anthropic's envelope (see :mod:`mlxd.api.errors`).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from litestar import Controller, Request, Response, post
 from litestar.di import Provide
@@ -28,16 +30,19 @@ from mlxd.api.body import read_body
 from mlxd.api.errors import OpenAIError
 from mlxd.api.openai import (
     Output,
+    acquire,
     api_key_guard,
     check_accepting,
-    check_model,
     check_values,
     generate,
     warm_constraint,
 )
 from mlxd.api.schemas import decode
-from mlxd.api.state import Mlxd, provide_app_state
+from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.engine.messages import Accepted, Failed
+
+if TYPE_CHECKING:
+    from mlxd.engine.fleet import Lease
 
 
 class MessagesController(Controller):
@@ -50,28 +55,41 @@ class MessagesController(Controller):
         check_accepting(mlxd)
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, MessagesRequest)
-        check_model(mlxd, req.model)
-        info = mlxd.engine.model_info
-        call = messages_request(req, mlxd.settings, faults=mlxd.fault_injection, info=info)
-        check_values(mlxd, call.gen)
-        await warm_constraint(
-            mlxd, call.gen, json_param="output_config.format", tools_param="tool_choice"
-        )
+        lease = await acquire(mlxd, req.model)
+        try:
+            info = lease.info
+            call = messages_request(req, lease.settings, faults=mlxd.fault_injection, info=info)
+            check_values(info, call.gen)
+            await warm_constraint(
+                mlxd, lease, call.gen, json_param="output_config.format", tools_param="tool_choice"
+            )
+        except BaseException:
+            lease.release()
+            raise
 
         def make_output(accepted: Accepted) -> Output:
             return MessagesOutput(call.gen.id, accepted.model, accepted.prompt_tokens)
 
-        return await generate(request, mlxd, call.gen, make_output, stream=call.stream)
+        return await generate(request, mlxd, lease, call.gen, make_output, stream=call.stream)
 
     @post("/count_tokens", status_code=200)
     async def count_tokens(self, request: Request, mlxd: Mlxd) -> dict[str, int]:
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, CountTokensRequest)
-        check_model(mlxd, req.model)
-        gen = count_tokens_request(req, info=mlxd.engine.model_info)
-        check_values(mlxd, gen)
-        # Tokenized on the engine thread, exactly as intake will.
-        counted = await asyncio.wrap_future(mlxd.engine.count_tokens(gen))
+        async with _held(mlxd, req.model) as lease:
+            gen = count_tokens_request(req, info=lease.info)
+            check_values(lease.info, gen)
+            # Tokenized on the engine's intake thread, exactly as intake will.
+            counted = await asyncio.wrap_future(lease.engine.count_tokens(gen))
         if isinstance(counted, Failed):
             raise OpenAIError.from_failed(counted)
         return {"input_tokens": counted}
+
+
+@contextlib.asynccontextmanager
+async def _held(state: AppState, name: str | None) -> AsyncIterator[Lease]:
+    lease = await acquire(state, name)
+    try:
+        yield lease
+    finally:
+        lease.release()

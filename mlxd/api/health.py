@@ -16,27 +16,42 @@ class HealthController(Controller):
 
     @get("/health")
     async def health(self, mlxd: Mlxd) -> Response[dict[str, Any]]:
-        """Liveness: the process answers and the engine thread is running."""
-        alive = mlxd.engine.alive
+        """Liveness: the process answers and every engine thread is running."""
+        alive = all(engine.alive for engine in mlxd.fleet.engines())
         body = {"status": "ok" if alive else "engine_dead"}
         return Response(body, status_code=200 if alive else 503)
 
     @get("/ready")
     async def ready(self, mlxd: Mlxd) -> Response[dict[str, Any]]:
-        """Readiness: a model is loaded, the engine steps, and the server takes requests."""
+        """Readiness: pinned models are loaded, engines step, the server takes requests.
+
+        A model loaded on demand (not pinned) does not make the daemon unready
+        while it is unloaded: a request for it loads it.
+        """
         snap = mlxd.engine.snapshot()
         now = time.time()
         cluster = snap.cluster or {}
+        view = mlxd.fleet.view()
+        snapshots = mlxd.fleet.snapshots()
+        waiting = next((m for m in view.models if m.pinned and m.state != "loaded"), None)
+        stalled = next((i for i, s in snapshots.items() if s.stalled(now)), None)
         if cluster.get("state") not in (None, "ready"):
             reason = f"cluster {cluster['state']}: {cluster.get('error') or 'waiting for ranks'}"
         elif mlxd.shutting_down or snap.state == "stopping":
             reason = "shutting down"
-        elif not mlxd.engine.alive:
-            reason = "the engine thread is not running"
-        elif snap.state != "ready":
-            reason = snap.model.error or f"engine is {snap.state}"
-        elif snap.stalled(now):
-            reason = f"engine stalled: no step finished for {now - snap.last_step_at:.0f}s"
+        elif not all(engine.alive for engine in mlxd.fleet.engines()):
+            reason = "an engine thread is not running"
+        elif waiting is not None:
+            own = snapshots.get(waiting.id)
+            reason = waiting.error or (
+                f"engine is {own.state}" if own is not None else f"{waiting.id} is {waiting.state}"
+            )
+        elif stalled is not None:
+            last = snapshots[stalled].last_step_at
+            reason = f"engine {stalled} stalled: no step finished for {now - last:.0f}s"
         else:
-            return Response({"status": "ready", "model": snap.model.name}, status_code=200)
+            body = {"status": "ready", "model": view.models[0].id if view.models else None}
+            body["model"] = next((m.id for m in view.models if m.default), body["model"])
+            body["models"] = {m.id: m.state for m in view.models}
+            return Response(body, status_code=200)
         return Response({"status": "not_ready", "reason": reason}, status_code=503)

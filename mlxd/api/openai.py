@@ -8,12 +8,11 @@ A client that goes away cancels its generation at the next token.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import hmac
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from litestar import Controller, Request, Response, get, post
 from litestar.connection import ASGIConnection
@@ -34,8 +33,12 @@ from mlxd.api.schemas import (
     decode,
 )
 from mlxd.api.state import AppState, Mlxd, provide_app_state
+
+if TYPE_CHECKING:
+    from mlxd.engine.fleet import Lease
 from mlxd.engine.channel import RequestHandle
 from mlxd.engine.checks import IntakeError, check_request
+from mlxd.engine.fleet_view import FleetRefusal, ModelState
 from mlxd.engine.lanes import LaneDecision
 from mlxd.engine.messages import Accepted, Delta, Failed, Finished, GenerationRequest
 from mlxd.engine.structure import TOOL_GRAMMAR_FORMATS
@@ -76,25 +79,21 @@ def check_accepting(state: AppState) -> None:
         )
 
 
-def check_model(state: AppState, requested: str) -> None:
-    """The served model, or one of ``[model] aliases``; else a 404 naming what is served."""
-    info = state.engine.model_info
-    if info is None:
-        raise OpenAIError(503, "No model is loaded yet; see /ready.", code="model_not_loaded")
-    aliases = state.settings.model.aliases
-    if requested != info.id and not any(fnmatch.fnmatchcase(requested, a) for a in aliases):
-        raise OpenAIError(
-            404,
-            f"The model '{requested}' does not exist. "
-            f"This server serves '{info.id}' (see /v1/models).",
-            code="model_not_found",
-            param="model",
-        )
+async def acquire(state: AppState, name: str | None, kind: str = "chat") -> Lease:
+    """The model ``name`` (an id or alias) stands for, loaded and held for one request.
+
+    Unknown names get 404 ``model_not_found`` listing the ids; a model of the
+    other kind 400; a model that cannot load 503; one that can never fit in
+    ``[memory] budget`` 400. Release the lease when the answer is sent.
+    """
+    try:
+        return await state.fleet.acquire(name, kind)
+    except FleetRefusal as exc:
+        raise OpenAIError.from_failed(exc.failed) from None
 
 
-def check_values(state: AppState, gen: GenerationRequest) -> None:
+def check_values(info: Any, gen: GenerationRequest) -> None:
     """Token ids and prompt size against the served model, before anything is queued."""
-    info = state.engine.model_info
     if info is None:
         return
     try:
@@ -162,12 +161,12 @@ class ChatOutput:
 
 
 async def warm_constraint(
-    state: AppState, gen: GenerationRequest, *, json_param: str, tools_param: str
+    state: AppState, lease: Lease, gen: GenerationRequest, *, json_param: str, tools_param: str
 ) -> None:
     """Compile a request's grammar before it is queued; a 400 when it cannot be."""
     if gen.constraint is None:
         return
-    warmed = await state.engine.warm_grammar(gen.constraint)
+    warmed = await lease.engine.warm_grammar(gen.constraint)
     if isinstance(warmed, tuple):
         for observe in state.compile_observers:
             observe(*warmed)
@@ -181,7 +180,7 @@ async def warm_constraint(
 
 
 async def _sse(
-    handle: RequestHandle, output: Output, done: Callable[[Any], None]
+    handle: RequestHandle, output: Output, done: Callable[[Any], None], lease: Lease
 ) -> AsyncIterator[bytes]:
     try:
         for chunk in output.stream_start():
@@ -200,11 +199,13 @@ async def _sse(
                     yield chunk
     finally:
         handle.cancel()  # a no-op once finished; stops generation if the client left
+        lease.release()
 
 
 async def generate(
     request: Request,
     state: AppState,
+    lease: Lease,
     gen: GenerationRequest,
     make_output: Callable[[Accepted], Output],
     *,
@@ -216,9 +217,14 @@ async def generate(
     Every API goes through here: same lanes, admission, queue (429 with
     ``Retry-After``), stop handling, metrics observers and disconnect
     cancellation. A refusal or a failure raises :class:`OpenAIError`, which
-    the app renders in the error shape of the route.
+    the app renders in the error shape of the route. ``lease`` is released
+    when the answer is complete (a stream's last byte).
     """
-    handle = state.engine.submit(gen)
+    try:
+        handle = lease.engine.submit(gen)
+    except BaseException:
+        lease.release()
+        raise
     watcher = asyncio.create_task(_watch_disconnect(request, handle))
     try:
         accepted = await handle.accepted()
@@ -240,7 +246,7 @@ async def generate(
         if stream:
             watcher.cancel()  # the streaming response listens for disconnects itself
             headers["Cache-Control"] = "no-cache"
-            body = _sse(handle, output, done)
+            body = _sse(handle, output, done, lease)
             return Stream(body, media_type="text/event-stream", headers=headers)
         async for event in handle.events():
             if isinstance(event, Delta):
@@ -256,10 +262,12 @@ async def generate(
         )
     except BaseException:
         handle.cancel()
+        lease.release()
         raise
     finally:
         if not stream:
             watcher.cancel()
+            lease.release()
 
 
 class OpenAIController(Controller):
@@ -269,14 +277,20 @@ class OpenAIController(Controller):
 
     @get("/models")
     async def list_models(self, mlxd: Mlxd) -> dict[str, Any]:
-        info = mlxd.engine.model_info
-        data = [] if info is None else [_model_json(info)]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [model_json(m) for m in mlxd.fleet.view().models]}
 
-    @get("/models/{model_id:str}")
+    @get("/models/{model_id:path}")
     async def get_model(self, mlxd: Mlxd, model_id: FromPath[str]) -> dict[str, Any]:
-        check_model(mlxd, model_id)
-        return _model_json(mlxd.engine.model_info)
+        model = mlxd.fleet.view().get(model_id.lstrip("/"))
+        if model is None:
+            ids = ", ".join(m.id for m in mlxd.fleet.view().models)
+            raise OpenAIError(
+                404,
+                f"The model '{model_id.lstrip('/')}' does not exist (configured: {ids}).",
+                code="model_not_found",
+                param="model",
+            )
+        return model_json(model)
 
     @post("/chat/completions", status_code=200)
     async def chat_completions(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:
@@ -305,10 +319,16 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
     if ignored:
         logger.debug("%s: ignored unknown parameters %s", request.url.path, ignored)
         headers[IGNORED_HEADER] = ignored_header(ignored)
-    check_model(state, req.model)
-    gen = build(req, state.settings, faults=state.fault_injection, info=state.engine.model_info)
-    check_values(state, gen)
-    await warm_constraint(state, gen, json_param="response_format", tools_param="tool_choice")
+    lease = await acquire(state, req.model)
+    try:
+        gen = build(req, lease.settings, faults=state.fault_injection, info=lease.info)
+        check_values(lease.info, gen)
+        await warm_constraint(
+            state, lease, gen, json_param="response_format", tools_param="tool_choice"
+        )
+    except BaseException:
+        lease.release()
+        raise
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
 
     def make_output(accepted: Accepted) -> Output:
@@ -321,7 +341,9 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
         )
         return ChatOutput(renderer, usage)
 
-    return await generate(request, state, gen, make_output, stream=req.stream, headers=headers)
+    return await generate(
+        request, state, lease, gen, make_output, stream=req.stream, headers=headers
+    )
 
 
 IGNORED_HEADER = "X-Mlxd-Ignored-Parameters"
@@ -336,21 +358,39 @@ def ignored_header(names: list[str], limit: int = 20) -> str:
     return ", ".join(shown + ([f"({rest} more)"] if rest else []))
 
 
-def _model_json(info: Any) -> dict[str, Any]:
-    return {
-        "id": info.id,
+def model_json(model: ModelState) -> dict[str, Any]:
+    """One configured model as ``/v1/models`` lists it: OpenAI's fields, then mlxd's."""
+    caps = model.capabilities
+    tool_format = caps.get("tool_format")
+    out: dict[str, Any] = {
+        "id": model.id,
         "object": "model",
-        "created": info.created,
+        "created": int(model.loaded_at or 0),
         "owned_by": "mlxd",
-        "context_length": info.context_length,
-        "vocab_size": info.vocab_size,
-        "max_token_chars": info.max_token_chars,
-        # Extension: what this model can do beyond plain chat.
-        "capabilities": {
-            "tools": info.tool_format is not None,
-            "tool_format": info.tool_format,
-            "tool_choice_required": info.tool_format in TOOL_GRAMMAR_FORMATS,
-            "structured_output": info.structured_output,
-            "reasoning": info.reasoning,
-        },
+        # Extensions: what the model is, where it stands, what it holds.
+        "kind": model.kind,
+        "aliases": list(model.aliases),
+        "state": model.state,
+        "default": model.default,
+        "pinned": model.pinned,
+        "weights_bytes": model.weights_bytes,
+        "kv_bytes": model.kv_bytes,
     }
+    if model.error:
+        out["error"] = model.error
+    if model.kind == "chat" and caps:
+        out["context_length"] = caps.get("context_length")
+        out["vocab_size"] = caps.get("vocab_size")
+        out["max_token_chars"] = caps.get("max_token_chars")
+        # What this model can do beyond plain chat (known once it has been loaded).
+        out["capabilities"] = {
+            "tools": tool_format is not None,
+            "tool_format": tool_format,
+            "tool_choice_required": tool_format in TOOL_GRAMMAR_FORMATS,
+            "structured_output": caps.get("structured_output", False),
+            "reasoning": caps.get("reasoning", False),
+        }
+    elif model.kind == "embedding" and caps:
+        out["dimensions"] = caps.get("dimensions")
+        out["context_length"] = caps.get("context_length")
+    return out

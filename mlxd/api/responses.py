@@ -19,9 +19,9 @@ from mlxd.api.body import read_body
 from mlxd.api.errors import OpenAIError
 from mlxd.api.openai import (
     Output,
+    acquire,
     api_key_guard,
     check_accepting,
-    check_model,
     check_values,
     generate,
     warm_constraint,
@@ -72,18 +72,24 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
     settings = state.settings
     body = await read_body(request, settings.limits.max_body_bytes)
     req = decode(body, ResponsesRequest)
-    check_model(state, req.model)
     previous: tuple[dict, ...] = ()
     if req.previous_response_id is not None:
         stored = state.responses.get(req.previous_response_id, ttl=settings.responses.ttl)
         if stored is None:
             raise _not_found(req.previous_response_id, status=400, param="previous_response_id")
         previous = stored.messages
-    call = responses_request(
-        req, settings, previous, faults=state.fault_injection, info=state.engine.model_info
-    )
-    check_values(state, call.gen)
-    await warm_constraint(state, call.gen, json_param="text.format", tools_param="tool_choice")
+    lease = await acquire(state, req.model)
+    try:
+        call = responses_request(
+            req, lease.settings, previous, faults=state.fault_injection, info=lease.info
+        )
+        check_values(lease.info, call.gen)
+        await warm_constraint(
+            state, lease, call.gen, json_param="text.format", tools_param="tool_choice"
+        )
+    except BaseException:
+        lease.release()
+        raise
 
     def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
         if call.store and call.generate:  # a warm-up has no turn to continue
@@ -98,4 +104,4 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
             call.gen.id, accepted.model, call.echo, keep, warm_up=not call.generate
         )
 
-    return await generate(request, state, call.gen, make_output, stream=call.stream)
+    return await generate(request, state, lease, call.gen, make_output, stream=call.stream)

@@ -16,6 +16,7 @@ from mlxd.config import Settings
 
 if TYPE_CHECKING:
     from mlxd.engine.engine import Engine
+    from mlxd.engine.fleet import Fleet
     from mlxd.engine.messages import Accepted, Failed, Finished
 
 # Called once per request that the engine accepted, when it ends.
@@ -31,14 +32,14 @@ class AppState:
 
     def __init__(
         self,
-        engine: Engine,
+        fleet: Fleet,
         settings: Settings,
         *,
         config_path: Path | None = None,
         overrides: dict[str, Any] | None = None,
         fault_injection: bool = False,
     ):
-        self.engine = engine
+        self.fleet = fleet
         self.settings = settings
         self.config_path = config_path
         self.overrides = overrides or {}
@@ -52,6 +53,11 @@ class AppState:
         self.compile_observers: list[Callable[[float, bool], None]] = []
         # SIGHUP, /admin/reload and the editor never reload at the same time.
         self.reload_lock = asyncio.Lock()
+
+    @property
+    def engine(self) -> Engine:
+        """The default chat model's engine: what the status views show."""
+        return self.fleet.primary()
 
     def observe(self, accepted: Accepted, outcome: Finished | Failed) -> None:
         """Tell observers (e.g. /metrics histograms) how an accepted request ended."""

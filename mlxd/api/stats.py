@@ -55,5 +55,7 @@ class StatsController(Controller):
     @get("/")
     async def stats(self, mlxd: Mlxd) -> Response[dict[str, Any]]:
         """The current snapshot (docs/api.md ("GET /stats"))."""
-        snapshot = mlxd.engine.snapshot()
-        return Response(snapshot.as_dict(time.time()), headers=NO_STORE)
+        body = mlxd.engine.snapshot().as_dict(time.time())
+        # Every configured model, and the memory budget they share (docs/api.md).
+        body["fleet"] = mlxd.fleet.view().as_dict()
+        return Response(body, headers=NO_STORE)

@@ -135,6 +135,8 @@ class Engine:
             ranks. ``None`` runs on this machine alone.
         pool: The memory budget shared with the other loaded models
             (:mod:`mlxd.engine.memory`); ``model_id`` names this engine in it.
+        load_at_start: Load the model when the thread starts; otherwise the
+            engine waits, unloaded, for :meth:`swap_model` (the fleet's loads).
     """
 
     def __init__(
@@ -148,11 +150,13 @@ class Engine:
         cluster: Leader | None = None,
         pool: MemoryPool | None = None,
         model_id: str = "",
+        load_at_start: bool = True,
     ):
         self._core = EngineCore(
             settings, faults=fault_injection, config_source=config_source, runtime=runtime
         )
         self._core.pool, self._core.pool_id = pool, model_id
+        self._load_at_start = load_at_start
         self.model_id = model_id
         suffix = f"-{model_id}" if model_id else ""
         self._cluster = cluster
@@ -301,6 +305,15 @@ class Engine:
         """Drain both lanes, load ``model`` and serve it; on failure the old model stays."""
         return self.call(lambda core: self._swap(core, model), exclusive=True, reason="model_swap")
 
+    def rename(self, model_id: str) -> None:
+        """Account under ``model_id`` in the shared pool from the next step on."""
+        self.model_id = model_id
+        self.call(lambda core: setattr(core, "pool_id", model_id))
+
+    def unload(self) -> concurrent.futures.Future[None]:
+        """Drain both lanes and drop the model; the thread waits for the next :meth:`swap_model`."""
+        return self.call(self._unload, exclusive=True, reason="model_unload")
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine: in-flight requests end with an error, the thread exits."""
         self._stop.set()
@@ -422,6 +435,11 @@ class Engine:
 
     def _load_initial(self) -> None:
         core = self._core
+        if not self._load_at_start:
+            core.model_status = "unloaded"
+            self._loaded_event.set()
+            self._publish()
+            return
         try:
             loaded = self._load(core.settings.model)
         except ModelLoadError as exc:
@@ -459,6 +477,18 @@ class Engine:
 
         mx.clear_cache()
         return loaded.info
+
+    def _unload(self, core: EngineCore) -> None:
+        if core.loaded is None:
+            return
+        core.release()
+        core.model_status, core.model_error = "unloaded", None
+        self.grammars = None
+        self.model_info = None
+        gc.collect()
+        import mlx.core as mx
+
+        mx.clear_cache()
 
     def _drain_inbox(self, *, block: bool, defer_calls: bool = False) -> None:
         try:
@@ -572,7 +602,8 @@ class Engine:
             if not core.accepting:
                 state = "stopping"
             elif core.loaded is None:
-                state = "failed" if core.model_status == "failed" else "starting"
+                status = core.model_status
+                state = status if status in ("failed", "unloaded") else "starting"
             else:
                 state = "ready"
         core.sample_peaks()

@@ -76,6 +76,13 @@ class MemoryPool:
             self._fixed.pop(model_id, None)
             self._kv.pop(model_id, None)
 
+    def rename(self, old_id: str, new_id: str) -> None:
+        with self._lock:
+            if old_id in self._fixed:
+                self._fixed[new_id] = self._fixed.pop(old_id)
+            if old_id in self._kv:
+                self._kv[new_id] = self._kv.pop(old_id)
+
     def kv_ceiling(self, model_id: str) -> int:
         """The most KV ``model_id`` could ever claim with today's loaded models."""
         with self._lock:
@@ -89,6 +96,8 @@ class MemoryPool:
     def claim_kv(self, model_id: str, nbytes: int) -> bool:
         """Raise ``model_id``'s KV claim to ``nbytes`` if that fits; True when it did."""
         with self._lock:
+            if model_id not in self._fixed:  # not (or no longer) loaded under this id
+                return False
             if self._used() - self._kv.get(model_id, 0) + nbytes > self._budget:
                 return False
             self._kv[model_id] = nbytes
