@@ -3,9 +3,9 @@
 The body is decoded strictly (unknown parameters follow ``[server]
 unknown_parameters``), the inputs are shaped and checked against the model
 before anything is queued, then the fleet lends the model's
-:class:`~mlxd.engine.embedding.EmbeddingEngine` for the time of the request.
-The fleet answers unknown models (404), chat models (400), failed loads
-(503) and models that never fit (400) itself.
+:class:`~mlxd.engine.embedding.EmbeddingEngine` for the time of the request
+(loading it first if needed). The fleet refuses unknown models (404), chat
+models (400), failed loads (503) and models that never fit (400).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mlxd.api.body import read_body
 from mlxd.api.errors import OpenAIError
 from mlxd.api.openai import (
     IGNORED_HEADER,
+    acquire,
     api_key_guard,
     check_accepting,
     ignored_header,
@@ -137,15 +138,17 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
         headers[IGNORED_HEADER] = ignored_header(ignored)
     inputs = shape_inputs(req.input)
     encoding_format = _check_format(req.encoding_format)
-    async with state.fleet.use(req.model, kind="embedding") as lease:
+    lease = await acquire(state, req.model, "embedding")
+    try:
         engine = lease.engine
         note.model = lease.id
-        try:
-            if engine.info is not None:
-                check_inputs(inputs, engine.info, req.dimensions)
-            result = await asyncio.wrap_future(engine.submit(inputs, dimensions=req.dimensions))
-        except EmbeddingError as exc:
-            note.error = exc.code
-            raise _openai(exc) from None
+        if engine.info is not None:
+            check_inputs(inputs, engine.info, req.dimensions)
+        result = await asyncio.wrap_future(engine.submit(inputs, dimensions=req.dimensions))
+    except EmbeddingError as exc:
+        note.error = exc.code
+        raise _openai(exc) from None
+    finally:
+        lease.release()
     note.prompt_tokens = result.prompt_tokens
     return Response(response_body(result, lease.id, encoding_format), headers=headers)
