@@ -174,6 +174,8 @@ BAD = [
     ({"input": 42}, 400, "invalid_type", "input"),
     ({"input": [2, 400, 3]}, 400, "invalid_value", "input"),
     ({"input": [2, -1, 3]}, 400, "invalid_value", "input"),
+    ({"input": [2, 2**70]}, 400, "invalid_value", "input"),
+    ({"input": [[2, 3], [2, 2**63]]}, 400, "invalid_value", "input"),
     ({"input": [[2, 3], [2] * 129]}, 400, "context_length_exceeded", "input"),
     ({"input": ["ok", "word " * 300]}, 400, "context_length_exceeded", "input"),
     ({"input": "x" * 3_000_000}, 400, "context_length_exceeded", "input"),
@@ -284,5 +286,27 @@ def test_without_the_extra_the_model_fails_to_load_and_chat_keeps_serving(
             assert models["emb"]["state"] == "failed"
             assert "mlxd[embeddings]" in models["emb"]["error"]
         assert d.proc is not None and d.proc.poll() is None
+    finally:
+        d.stop()
+
+
+def test_unknown_parameters_are_dropped_when_the_config_says_ignore(
+    tmp_path, tiny_models, tiny_embedding_model
+):
+    config = toml_config(
+        models=registry(tiny_models, tiny_embedding_model),
+        server={"unknown_parameters": "ignore"},
+    )
+    d = Daemon(tmp_path / "d", config).start()
+    try:
+        with d.client() as http:
+            body = {"model": "emb", "input": "x", "input_type": "query", "truncate": "END"}
+            response = http.post("/v1/embeddings", json=body)
+            assert response.status_code == 200, response.text
+            assert response.headers["X-Mlxd-Ignored-Parameters"] == "input_type, truncate"
+            assert len(response.json()["data"][0]["embedding"]) == DIMS
+            # Known parameters are still checked.
+            bad = http.post("/v1/embeddings", json={**body, "encoding_format": "hex"})
+            assert_error(bad, 400, "invalid_value", "encoding_format")
     finally:
         d.stop()
