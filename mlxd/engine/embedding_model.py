@@ -119,9 +119,9 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
         ModelLoadError: with a message meant for the operator (the extra is not
             installed, the path is wrong, the family is unknown to mlx-embeddings).
     """
-    path, config = check_model_dir(settings)
-    utils = _import_mlx_embeddings()
     started = time.perf_counter()
+    path, config = check_model_dir(settings)
+    utils = _import_mlx_embeddings()  # seconds on the first load: transformers, mlx-vlm
     family = config["model_type"].replace("-", "_")
     if importlib.util.find_spec(f"mlx_embeddings.models.{family}") is None:
         raise ModelLoadError(
