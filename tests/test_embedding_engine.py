@@ -15,7 +15,8 @@ from tinyembed import EMBED_CONFIG
 from mlxd.config import load_settings
 from mlxd.config.registry import for_model
 from mlxd.engine.embedding import EmbeddingEngine
-from mlxd.engine.embedding_messages import EmbeddingError, EmbeddingResult
+from mlxd.engine.embedding_checks import check_text_size
+from mlxd.engine.embedding_messages import EmbeddingError, EmbeddingInfo, EmbeddingResult
 
 TEXTS = [
     "hello river world",
@@ -142,9 +143,9 @@ def test_dimensions_truncate_then_renormalize(engine):
         ([[2, -1, 3]], "invalid_value", "[-1]"),
         ([[1, True]], "invalid_value", "integer token ids"),
         ([[2] * 129], "context_length_exceeded", "Input 0 is 129 tokens"),
-        (["ok", "x" * 4_000_000], "context_length_exceeded", "Input 1 is 4000000 characters"),
-        # Fewer characters than the bound, more tokens than the context: found by tokenizing.
-        (["ok", "ok", "river " * 200], "context_length_exceeded", "Input 2 is 202 tokens"),
+        (["ok", "x " * 2_000_000], "context_length_exceeded", "Input 1 is 2000000 words"),
+        # Fewer words than the context, more tokens: found by tokenizing.
+        (["ok", "ok", "word " * 100], "context_length_exceeded", "Input 2 is 202 tokens"),
     ],
 )
 def test_bad_inputs_are_refused_with_a_400(engine, inputs, code, needle):
@@ -152,6 +153,19 @@ def test_bad_inputs_are_refused_with_a_400(engine, inputs, code, needle):
     assert (error.status, error.code, error.param) == (400, code, "input")
     assert needle in error.message
     assert embed(engine, ["still serving"]).vectors.shape[0] == 1
+
+
+def test_long_unknown_words_are_one_token_each_and_fit(engine, tiny_embedding_model):
+    # WordPiece turns a word longer than 100 characters into one [UNK]: 15,000 characters,
+    # 102 tokens, within the context. No character bound may refuse it.
+    text = " ".join(["q" * 150] * 100)
+    assert engine.info is not None and engine.info.max_token_chars == 0
+    assert engine.info.min_token_per_word
+    result = embed(engine, [text, "x" * 1_000_000])
+    assert result.prompt_tokens == 102 + 3
+    assert result.prompt_tokens == sum(
+        len(hf_tokenizer(tiny_embedding_model)(t)["input_ids"]) for t in [text, "x" * 1_000_000]
+    )
 
 
 @pytest.mark.parametrize("dimensions", [0, -3, EMBED_CONFIG["hidden_size"] + 1])
@@ -293,3 +307,36 @@ def test_without_the_extra_the_load_fails_naming_the_install(tiny_embedding_mode
     assert "pip install 'mlxd[embeddings]'" in (engine.load_error or "")
     assert refusal(engine, ["x"]).status == 503
     engine.stop()
+
+
+def info_with(**bounds) -> EmbeddingInfo:
+    base = {"id": "m", "path": "/m", "family": "bert", "dimensions": 8, "context_length": 10}
+    extra = {"vocab_size": 100, "weights_bytes": 0, "supports_dimensions": False, "dtype": "f"}
+    return EmbeddingInfo(**base, **extra, **bounds)
+
+
+@pytest.mark.parametrize(
+    ("text", "bounds", "refused"),
+    [
+        # Characters: at most 10 tokens x 3 characters, whitespace not counted.
+        ("a" * 30, {"max_token_chars": 3}, None),
+        ("a" * 31, {"max_token_chars": 3}, "31 characters"),
+        ("a b " * 15, {"max_token_chars": 3}, None),
+        ("ab " * 11, {"max_token_chars": 3}, None),
+        ("abcd " * 8, {"max_token_chars": 3}, "32 characters"),
+        # Words: at least one token each.
+        ("w " * 10, {"min_token_per_word": True}, None),
+        ("w " * 11, {"min_token_per_word": True}, "11 words"),
+        ("w" * 5000, {"min_token_per_word": True}, None),
+        # No bound known: everything goes to the tokenizer.
+        ("w " * 5000, {}, None),
+    ],
+)
+def test_text_size_bounds_refuse_only_what_certainly_cannot_fit(text, bounds, refused):
+    info = info_with(**bounds)
+    if refused is None:
+        check_text_size(0, text, info)
+        return
+    with pytest.raises(EmbeddingError) as caught:
+        check_text_size(0, text, info)
+    assert caught.value.code == "context_length_exceeded" and refused in caught.value.message

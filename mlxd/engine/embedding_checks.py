@@ -56,11 +56,7 @@ def check_inputs(inputs: Inputs, info: EmbeddingInfo, dimensions: int | None) ->
         if not item:
             raise _bad(f"Input {index} is empty; every input needs at least one token.")
         if texts:
-            bound = context * info.max_token_chars
-            if info.max_token_chars and len(item) > bound:
-                chars = len("".join(item.split()))
-                if chars > bound:
-                    raise too_long(index, f"{chars} characters, certainly more tokens", context)
+            check_text_size(index, item, info)
             continue
         if len(item) > context:
             raise too_long(index, f"{len(item)} tokens", context)
@@ -73,6 +69,25 @@ def check_inputs(inputs: Inputs, info: EmbeddingInfo, dimensions: int | None) ->
                 f"Input {index} has token ids outside this model's vocabulary of {vocab} "
                 f"(ids 0 to {vocab - 1}): {bad}"
             )
+
+
+def check_text_size(index: int, text: str, info: EmbeddingInfo) -> None:
+    """Refuse a text that certainly has more tokens than the context, without tokenizing it.
+
+    Whitespace may vanish in tokenizing, so only non-space characters count
+    against ``context * max_token_chars``; with a WordPiece tokenizer, every
+    word is at least one token.
+    """
+    context = info.context_length
+    bound = context * info.max_token_chars
+    if info.max_token_chars and len(text) > bound:
+        chars = len("".join(text.split()))
+        if chars > bound:
+            raise too_long(index, f"{chars} characters, certainly more tokens", context)
+    if info.min_token_per_word and len(text) > 2 * context:
+        words = len(text.split())
+        if words > context:
+            raise too_long(index, f"{words} words, certainly more tokens", context)
 
 
 def check_dimensions(dimensions: int | None, info: EmbeddingInfo) -> None:

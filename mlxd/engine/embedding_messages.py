@@ -48,9 +48,12 @@ class EmbeddingInfo:
     # was trained for truncated vectors (Matryoshka representation learning).
     supports_dimensions: bool
     dtype: str
-    # Most characters one token stands for (its longest vocabulary entry);
-    # bounds an input's non-space characters before it is tokenized. 0: no bound.
+    # What bounds an input's tokens from below before it is tokenized
+    # (embedding_model.size_bounds): the most characters one token stands for
+    # (0: no such bound), and whether every whitespace-separated word is at
+    # least one token.
     max_token_chars: int = 0
+    min_token_per_word: bool = False
     created: int = 0
 
 

@@ -106,6 +106,32 @@ def _hf(tokenizer: Any) -> Any:
     return getattr(tokenizer, "_tokenizer", tokenizer)
 
 
+def size_bounds(hf: Any) -> tuple[int, bool]:
+    """What bounds a text's tokens from below, before tokenizing: ``(chars, words)``.
+
+    ``chars``: the most characters one token can stand for (the longest
+    vocabulary entry, :func:`max_token_chars`), or 0 where one token can
+    stand for a run of any length: BPE with ``fuse_unk`` and Unigram
+    (SentencePiece) fuse a run of unknown characters into one token, and
+    WordPiece maps any word longer than ``max_input_chars_per_word`` to one
+    ``[UNK]``. ``words``: every whitespace-separated word gives at least one
+    token (WordPiece, which splits on whitespace before anything else).
+    """
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return 0, False
+    try:
+        model = json.loads(backend.to_str()).get("model", {})
+    except Exception:  # a tokenizer that cannot describe itself: no bound
+        return 0, False
+    kind = model.get("type")
+    if kind == "WordPiece":
+        return 0, True
+    if kind == "BPE" and not (model.get("fuse_unk") and model.get("unk_token")):
+        return max_token_chars(hf), False
+    return 0, False
+
+
 def tokenize(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of ``texts`` with the model's special tokens (``[CLS] ... [SEP]``)."""
     encoded = _hf(tokenizer)(list(texts), add_special_tokens=True, verbose=False)
@@ -140,6 +166,7 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
     pad = config.get("pad_token_id")
     if not isinstance(pad, int):
         pad = hf.pad_token_id if isinstance(hf.pad_token_id, int) else 0
+    chars, words = size_bounds(hf)
     probe = tokenize(tokenizer, ["mlxd"])[0]
     dims = int(run_pass(model, [probe], pad).shape[-1])
     weights = tree_reduce(
@@ -156,7 +183,8 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
         supports_dimensions=family in MATRYOSHKA_FAMILIES
         or bool(config.get("matryoshka_dimensions")),
         dtype=describe_dtype(model, config),
-        max_token_chars=max_token_chars(hf),
+        max_token_chars=chars,
+        min_token_per_word=words,
         created=int(time.time()),
     )
     logger.info(
