@@ -16,6 +16,7 @@ from mlxd.config import load_settings
 from mlxd.config.registry import for_model
 from mlxd.engine.embedding import EmbeddingEngine
 from mlxd.engine.embedding_checks import check_text_size
+from mlxd.engine.embedding_jobs import Job, plan_passes
 from mlxd.engine.embedding_messages import EmbeddingError, EmbeddingInfo, EmbeddingResult
 
 TEXTS = [
@@ -340,3 +341,62 @@ def test_text_size_bounds_refuse_only_what_certainly_cannot_fit(text, bounds, re
     with pytest.raises(EmbeddingError) as caught:
         check_text_size(0, text, info)
     assert caught.value.code == "context_length_exceeded" and refused in caught.value.message
+
+
+def test_a_big_text_being_tokenized_does_not_hold_back_a_small_request(engine):
+    # 126 words of 32,000 characters: within the context (each is one [UNK]), about 4 MB to
+    # normalize and tokenize, which takes a while; the small request behind it must not wait.
+    big = engine.submit([" ".join(["q" * 32_000] * 126)])
+    small = engine.submit(["a small one"])
+    assert small.result(60).vectors.shape == (1, EMBED_CONFIG["hidden_size"])
+    assert not big.done()
+    assert big.result(120).prompt_tokens == 128
+
+
+def test_a_tokenizer_json_that_truncates_is_never_used_to_cut_inputs(
+    tiny_embedding_model, tmp_path
+):
+    cutting = tmp_path / "cutting"
+    shutil.copytree(tiny_embedding_model, cutting)
+    tok = json.loads((cutting / "tokenizer.json").read_text())
+    tok["truncation"] = {
+        "direction": "Right",
+        "max_length": 8,
+        "strategy": "LongestFirst",
+        "stride": 0,
+    }
+    tok["padding"] = {
+        "strategy": {"Fixed": 32}, "direction": "Right", "pad_to_multiple_of": None,
+        "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]",
+    }  # fmt: skip
+    (cutting / "tokenizer.json").write_text(json.dumps(tok))
+    text = TEXTS[1]
+    expected = len(hf_tokenizer(tiny_embedding_model)(text)["input_ids"])
+    assert expected > 8
+    engine = make(cutting, max_context=expected)
+    try:
+        assert embed(engine, [text]).prompt_tokens == expected
+        assert refusal(engine, [text + " and more words"]).code == "context_length_exceeded"
+    finally:
+        engine.stop()
+
+
+def job_of(lengths: list[int]) -> Job:
+    from concurrent.futures import Future
+
+    return Job(inputs=[[1] * n for n in lengths], dimensions=None, future=Future(),
+               ids=[[1] * n for n in lengths])  # fmt: skip
+
+
+def test_plan_passes_sorts_by_length_and_caps_inputs_and_padded_tokens():
+    a, b = job_of([5, 1, 9]), job_of([3, 7])
+    passes = plan_passes([a, b], limit=2, pass_tokens=100)
+    lengths = [[len(j.ids[i]) for j, i in p] for p in passes]
+    assert lengths == [[1, 3], [5, 7], [9]]
+    # Several requests share a pass.
+    assert [[j is a for j, _ in p] for p in passes] == [[True, False], [True, False], [True]]
+    # Padded tokens: 3 x 40 > 100, so passes of two; one input longer than the cap runs alone.
+    wide = plan_passes([job_of([40, 40, 40, 500])], limit=8, pass_tokens=100)
+    assert [[len(j.ids[i]) for j, i in p] for p in wide] == [[40, 40], [40], [500]]
+    every = [(id(j), i) for p in plan_passes([a, b], limit=8) for j, i in p]
+    assert sorted(every) == sorted([(id(a), i) for i in range(3)] + [(id(b), i) for i in range(2)])

@@ -5,13 +5,15 @@ makes every MLX call; other threads only :meth:`~EmbeddingEngine.submit`
 (a ``concurrent.futures.Future`` comes back) and read
 :meth:`~EmbeddingEngine.snapshot`.
 
-The thread works in rounds. A round takes queued requests in arrival order
-until it holds at least ``[batch] size`` inputs (always at least one
-request), tokenizes them, sorts all their inputs by length (less padding) and
-runs forward passes of at most ``size`` inputs and at most
-:data:`PASS_TOKENS` padded tokens each, so several requests share one pass.
-A request's future resolves as soon as its last input is embedded; what
-arrives meanwhile waits for the next round.
+A request is checked and tokenized on one of two intake threads (no MLX
+there; the Rust tokenizer releases the GIL), so a big text delays only
+itself while the model's thread keeps embedding what is ready. The model's
+thread works in rounds: it takes prepared requests in arrival order until
+the round holds at least ``[batch] size`` inputs (always at least one
+request), sorts all their inputs by length and runs forward passes of at
+most ``size`` inputs and :data:`~mlxd.engine.embedding_jobs.PASS_TOKENS`
+padded tokens each, so several requests share one pass. A request's future
+resolves as soon as its last input is embedded.
 """
 
 from __future__ import annotations
@@ -21,40 +23,30 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from mlxd.config import Settings
-from mlxd.engine.embedding_checks import check_inputs, too_long
+from mlxd.engine.embedding_checks import check_inputs
+from mlxd.engine.embedding_jobs import (
+    Job,
+    copy_inputs,
+    plan_passes,
+    prepare,
+    result_of,
+    shutting_down,
+)
 from mlxd.engine.embedding_messages import (
     EmbeddingError,
     EmbeddingInfo,
-    EmbeddingResult,
     EmbeddingSnapshot,
     EmbeddingState,
 )
 
 logger = logging.getLogger(__name__)
 
-# Padded tokens (inputs x longest input) one forward pass may hold, beyond a
-# single input: attention memory grows with the square of the length, so long
-# inputs go in narrower passes.
-PASS_TOKENS = 16384
-
-
-@dataclass
-class _Job:
-    """One request inside the engine."""
-
-    inputs: list[Any]
-    dimensions: int | None
-    future: Future
-    ids: list[list[int]] = field(default_factory=list)
-    vectors: np.ndarray | None = None
-    left: int = 0
+INTAKE_THREADS = 2
 
 
 @dataclass
@@ -72,10 +64,10 @@ class EmbeddingEngine:
     """An embedding model served by its own thread.
 
     Args:
-        settings: The model's settings (``settings.for_model(id)``): the
+        settings: The model's settings (``for_model(settings, id)``): the
             model's ``path`` and ``max_context``, its ``[batch] size`` (most
-            inputs per forward pass, read before every round, so a live change
-            applies at the next round).
+            inputs per forward pass, read before every round, so a new value
+            from :meth:`apply` takes effect at the next round).
         model_id: The id the model is served under.
         optimized_blas: Accepted for symmetry with the chat engine; embedding
             models load their weights as stored.
@@ -89,13 +81,16 @@ class EmbeddingEngine:
         self.load_error: str | None = None
         self.weights_bytes = 0
         self._cond = threading.Condition()
-        self._inbox: deque[_Job] = deque()
+        self._waiting: list[Job] = []  # submitted before the load ended
+        self._intaking: set[Job] = set()  # on an intake thread
+        self._inbox: deque[Job] = deque()  # prepared, for the model's thread
         self._state: EmbeddingState = "loading"
         self._stopping = False
         self._loaded = threading.Event()
         self._thread: threading.Thread | None = None
+        self._intake: ThreadPoolExecutor | None = None
+        self._encode: Any = None
         self._counts = _Counters()
-        self._loaded_model: Any = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -103,6 +98,9 @@ class EmbeddingEngine:
         """Start the thread; it loads the model, then serves the queue."""
         if self._thread is not None:
             raise RuntimeError("EmbeddingEngine.start() called twice")
+        self._intake = ThreadPoolExecutor(
+            INTAKE_THREADS, thread_name_prefix=f"mlxd-embed-intake-{self.model_id}"
+        )
         self._thread = threading.Thread(
             target=self._run, name=f"mlxd-embed-{self.model_id}", daemon=True
         )
@@ -120,9 +118,9 @@ class EmbeddingEngine:
 
     @property
     def busy(self) -> bool:
-        """Requests queued or being embedded."""
+        """Requests queued, being tokenized or being embedded."""
         with self._cond:
-            return bool(self._inbox) or self._counts.running > 0
+            return bool(self._waiting or self._intaking or self._inbox or self._counts.running)
 
     @property
     def state(self) -> EmbeddingState:
@@ -133,18 +131,22 @@ class EmbeddingEngine:
         self.settings = settings
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Fail queued requests with 503 ``shutting_down``, stop the thread and join it.
+        """Fail queued requests with 503 ``shutting_down``, stop the threads and join.
 
         A forward pass under way finishes; the requests of its round that still
         have inputs left fail with ``shutting_down`` too.
         """
         with self._cond:
             self._stopping = True
-            queued = list(self._inbox)
+            queued = [*self._waiting, *self._intaking, *self._inbox]
+            self._waiting.clear()
+            self._intaking.clear()
             self._inbox.clear()
             self._cond.notify_all()
         for job in queued:
-            self._fail(job, _shutting_down())
+            self._fail(job, shutting_down())
+        if self._intake is not None:
+            self._intake.shutdown(wait=False, cancel_futures=True)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
             if not self._thread.is_alive():
@@ -161,34 +163,33 @@ class EmbeddingEngine:
     ) -> Future:
         """Queue ``inputs`` (all strings, or all token-id lists) for embedding.
 
-        Returns a future resolving to an :class:`EmbeddingResult` (vectors in
+        Returns a future resolving to an
+        :class:`~mlxd.engine.embedding_messages.EmbeddingResult` (vectors in
         input order, unit length, truncated to ``dimensions`` and renormalized
         when given), or failing with :class:`EmbeddingError`: 400 for inputs
         the model cannot take, 503 when the engine is stopping or its load
-        failed. Never blocks on the model.
+        failed. Never blocks on the model or the tokenizer.
         """
         future: Future = Future()
         future.set_running_or_notify_cancel()
         try:
-            job = _Job(_copy_inputs(inputs), dimensions, future)
+            job = Job(copy_inputs(inputs), dimensions, future)
+            if self.info is not None:
+                check_inputs(job.inputs, self.info, dimensions)
         except EmbeddingError as exc:
-            future.set_exception(exc)
+            self._fail(Job([], dimensions, future), exc)
             return future
-        info = self.info
-        if info is not None:
-            try:
-                check_inputs(job.inputs, info, dimensions)
-            except EmbeddingError as exc:
-                future.set_exception(exc)
-                self._count_failed()
-                return future
         with self._cond:
             refusal = self._refusal()
-            if refusal is None:
-                self._inbox.append(job)
-                self._cond.notify()
+            loading = self._state == "loading"
+            if refusal is None and loading:
+                self._waiting.append(job)
+            elif refusal is None:
+                self._intaking.add(job)
         if refusal is not None:
             self._fail(job, refusal)
+        elif not loading:
+            self._to_intake(job)
         return future
 
     def snapshot(self) -> EmbeddingSnapshot:
@@ -198,7 +199,7 @@ class EmbeddingEngine:
             return EmbeddingSnapshot(
                 id=self.model_id,
                 state=self._state,
-                queued=len(self._inbox),
+                queued=len(self._waiting) + len(self._intaking) + len(self._inbox),
                 running=c.running,
                 requests_served=c.served,
                 requests_failed=c.failed,
@@ -211,7 +212,43 @@ class EmbeddingEngine:
                 load_error=self.load_error,
             )
 
-    # ------------------------------------------------------------ the thread
+    # ------------------------------------------------------------ intake
+
+    def _to_intake(self, job: Job) -> None:
+        assert self._intake is not None
+        try:
+            self._intake.submit(self._prepare, job)
+        except RuntimeError:  # the pool shut down in between: stop() fails the job
+            self._fail(job, shutting_down())
+
+    def _prepare(self, job: Job, *, notify: bool = True) -> None:
+        """On an intake thread: check and tokenize ``job``, then hand it to the model."""
+        info = self.info
+        assert info is not None
+        try:
+            prepare(job, info, self._encode)
+        except EmbeddingError as exc:
+            self._fail(job, exc)
+        except Exception as exc:
+            logger.exception("tokenizing an embedding request failed")
+            self._fail(
+                job, EmbeddingError(500, f"tokenizing failed: {exc}", code="embedding_error")
+            )
+        with self._cond:
+            self._intaking.discard(job)
+            if job.future.done():
+                return
+            if self._stopping:
+                refusal: EmbeddingError | None = shutting_down()
+            else:
+                refusal = None
+                self._inbox.append(job)
+                if notify:
+                    self._cond.notify()
+        if refusal is not None:
+            self._fail(job, refusal)
+
+    # ------------------------------------------------------------ the model's thread
 
     def _run(self) -> None:
         from mlxd.engine.embedding_model import load_embedding
@@ -227,7 +264,7 @@ class EmbeddingEngine:
             self.load_error = message
             self._end_load("failed")
             return
-        self._loaded_model = loaded
+        self._encode = loaded.encode
         self.info = loaded.info
         self.weights_bytes = loaded.info.weights_bytes
         self._end_load("ready")
@@ -236,24 +273,34 @@ class EmbeddingEngine:
                 self._round(loaded, jobs)
         finally:
             # MLX arrays made on this thread must not outlive it.
-            self._loaded_model = loaded = None
+            loaded = None
             gc.collect()
             with self._cond:
                 self._state = "stopped"
 
     def _end_load(self, state: EmbeddingState) -> None:
+        """Publish the load's outcome; requests that waited for it are prepared here,
+        in their order, and queued together (the thread has nothing else to do yet)."""
         with self._cond:
-            self._state = state
-            failed = list(self._inbox) if state == "failed" else []
-            if failed:
-                self._inbox.clear()
+            if not self._stopping:
+                self._state = state
+            waiting, self._waiting = self._waiting, []
+            ready = state == "ready" and not self._stopping
+            if ready:
+                self._intaking.update(waiting)
         self._loaded.set()
-        for job in failed:
-            self._fail(job, self._refusal() or _shutting_down())
+        if not ready:
+            for job in waiting:
+                self._fail(job, self._refusal() or shutting_down())
+            return
+        for job in waiting:
+            self._prepare(job, notify=False)
+        with self._cond:
+            self._cond.notify()
 
     def _refusal(self) -> EmbeddingError | None:
         if self._stopping or self._state == "stopped":
-            return _shutting_down()
+            return shutting_down()
         if self._state == "failed":
             return EmbeddingError(
                 503,
@@ -262,8 +309,8 @@ class EmbeddingEngine:
             )
         return None
 
-    def _take(self) -> list[_Job] | None:
-        """Wait for requests; take them in order until the round holds a batch's inputs."""
+    def _take(self) -> list[Job] | None:
+        """Wait for prepared requests; take them in order until the round holds a batch."""
         with self._cond:
             while not self._inbox and not self._stopping:
                 self._cond.wait()
@@ -271,33 +318,22 @@ class EmbeddingEngine:
                 return None
             limit = self.settings.batch.size
             jobs = [self._inbox.popleft()]
-            count = len(jobs[0].inputs)
-            while self._inbox and count + len(self._inbox[0].inputs) <= limit:
-                count += len(self._inbox[0].inputs)
+            count = jobs[0].width
+            while self._inbox and count + self._inbox[0].width <= limit:
+                count += self._inbox[0].width
                 jobs.append(self._inbox.popleft())
             self._counts.running = len(jobs)
             return jobs
 
-    def _round(self, loaded: Any, jobs: list[_Job]) -> None:
+    def _round(self, loaded: Any, jobs: list[Job]) -> None:
         from mlxd.engine.embedding_model import run_pass
 
-        items = [item for job in jobs for item in self._prepare(loaded, job)]
-        items.sort(key=lambda item: len(item[0].ids[item[1]]))
-        limit = max(1, self.settings.batch.size)
-        start = 0
-        while start < len(items):
+        passes = plan_passes(jobs, self.settings.batch.size)
+        for n, chunk in enumerate(passes):
             if self._stopping:
-                for job in {id(j): j for j, _ in items[start:]}.values():
-                    self._fail(job, _shutting_down())
+                for job in {job for rest in passes[n:] for job, _ in rest}:
+                    self._fail(job, shutting_down())
                 break
-            end = start + 1
-            while end < len(items) and end - start < limit:
-                width = len(items[end][0].ids[items[end][1]])
-                if (end - start + 1) * width > PASS_TOKENS:
-                    break
-                end += 1
-            chunk = items[start:end]
-            start = end
             rows = [job.ids[i] for job, i in chunk]
             try:
                 vectors = run_pass(loaded.model, rows, loaded.pad_id)
@@ -308,7 +344,7 @@ class EmbeddingEngine:
                     f"the embedding pass failed: {type(exc).__name__}: {exc}",
                     code="embedding_error",
                 )
-                for job in {id(j): j for j, _ in chunk}.values():
+                for job in {job for job, _ in chunk}:
                     self._fail(job, error)
                 continue
             with self._cond:
@@ -325,85 +361,18 @@ class EmbeddingEngine:
         with self._cond:
             self._counts.running = 0
 
-    def _prepare(self, loaded: Any, job: _Job) -> list[tuple[_Job, int]]:
-        """Check and tokenize ``job``; its (job, input index) items, or none if it failed."""
-        from mlxd.engine.embedding_model import tokenize
-
-        info: EmbeddingInfo = loaded.info
-        try:
-            check_inputs(job.inputs, info, job.dimensions)
-            if isinstance(job.inputs[0], str):
-                job.ids = tokenize(loaded.tokenizer, job.inputs)
-            else:
-                job.ids = job.inputs
-            for index, ids in enumerate(job.ids):
-                if len(ids) > info.context_length:
-                    raise too_long(index, f"{len(ids)} tokens", info.context_length)
-        except EmbeddingError as exc:
-            self._fail(job, exc)
-            return []
-        except Exception as exc:
-            logger.exception("tokenizing an embedding request failed")
-            self._fail(
-                job, EmbeddingError(500, f"tokenizing failed: {exc}", code="embedding_error")
-            )
-            return []
-        job.vectors = np.zeros((len(job.ids), info.dimensions), dtype=np.float32)
-        job.left = len(job.ids)
-        return [(job, i) for i in range(len(job.ids))]
-
-    def _finish(self, job: _Job) -> None:
-        from mlxd.engine.embedding_model import normalize
-
-        vectors = job.vectors
-        assert vectors is not None
-        if job.dimensions is not None and job.dimensions < vectors.shape[1]:
-            vectors = normalize(vectors[:, : job.dimensions])
-        tokens = sum(len(ids) for ids in job.ids)
+    def _finish(self, job: Job) -> None:
+        result = result_of(job)
         with self._cond:
             self._counts.served += 1
             self._counts.inputs += len(job.ids)
-            self._counts.tokens += tokens
+            self._counts.tokens += result.prompt_tokens
         if not job.future.done():
-            job.future.set_result(EmbeddingResult(vectors=vectors, prompt_tokens=tokens))
+            job.future.set_result(result)
 
-    def _fail(self, job: _Job, error: EmbeddingError) -> None:
+    def _fail(self, job: Job, error: EmbeddingError) -> None:
         if job.future.done():
             return
-        self._count_failed()
-        job.future.set_exception(error)
-
-    def _count_failed(self) -> None:
         with self._cond:
             self._counts.failed += 1
-
-
-def _shutting_down() -> EmbeddingError:
-    return EmbeddingError(503, "The server is shutting down; retry later.", code="shutting_down")
-
-
-def _copy_inputs(inputs: Any) -> list[Any]:
-    """A private copy of ``inputs`` (a caller may reuse its lists), shape-checked."""
-    if isinstance(inputs, str) or not isinstance(inputs, Sequence):
-        raise EmbeddingError(
-            400,
-            "inputs must be a list of strings or of token-id lists",
-            code="invalid_value",
-            param="input",
-        )
-    out: list[Any] = []
-    for item in inputs:
-        if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, Sequence) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in item
-        ):
-            out.append([int(t) for t in item])
-        else:
-            raise EmbeddingError(
-                400,
-                "each input must be a string or a list of integer token ids",
-                code="invalid_value",
-                param="input",
-            )
-    return out
+        job.future.set_exception(error)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 from mlx.utils import tree_reduce
 
 from mlxd.config import ModelSettings
+from mlxd.engine.embedding_jobs import normalize
 from mlxd.engine.embedding_messages import EmbeddingInfo
 from mlxd.engine.model import ModelLoadError, describe_dtype, max_token_chars
 
@@ -39,7 +41,8 @@ class LoadedEmbedding:
     """An embedding model and its tokenizer, owned by the engine thread."""
 
     model: Any
-    tokenizer: Any
+    # Texts to token ids; holds no MLX state, so intake threads may call it.
+    encode: Callable[[list[str]], list[list[int]]]
     info: EmbeddingInfo
     pad_id: int
 
@@ -132,10 +135,37 @@ def size_bounds(hf: Any) -> tuple[int, bool]:
     return 0, False
 
 
-def tokenize(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of ``texts`` with the model's special tokens (``[CLS] ... [SEP]``)."""
-    encoded = _hf(tokenizer)(list(texts), add_special_tokens=True, verbose=False)
-    return [list(ids) for ids in encoded["input_ids"]]
+def make_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]]:
+    """A function from texts to token ids with the model's special tokens (``[CLS] ... [SEP]``).
+
+    With a fast tokenizer it calls the Rust tokenizer directly, on a private
+    copy with truncation and padding off (a ``tokenizer.json`` may switch
+    them on; an input too long must be refused, never cut): that call holds
+    no Python state, releases the GIL, and is safe from several intake
+    threads at once. Other tokenizers go through the Hugging Face wrapper,
+    one call at a time.
+    """
+    hf = _hf(tokenizer)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is not None:
+        from tokenizers import Tokenizer
+
+        own = Tokenizer.from_str(backend.to_str())
+        own.no_truncation()
+        own.no_padding()
+
+        def encode(texts: list[str]) -> list[list[int]]:
+            return [e.ids for e in own.encode_batch(texts, add_special_tokens=True)]
+
+        return encode
+    lock = threading.Lock()
+
+    def encode_slow(texts: list[str]) -> list[list[int]]:
+        with lock:
+            encoded = hf(list(texts), add_special_tokens=True, verbose=False)
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    return encode_slow
 
 
 def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
@@ -167,7 +197,8 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
     if not isinstance(pad, int):
         pad = hf.pad_token_id if isinstance(hf.pad_token_id, int) else 0
     chars, words = size_bounds(hf)
-    probe = tokenize(tokenizer, ["mlxd"])[0]
+    encode = make_encoder(tokenizer)
+    probe = encode(["mlxd"])[0]
     dims = int(run_pass(model, [probe], pad).shape[-1])
     weights = tree_reduce(
         lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0
@@ -198,7 +229,7 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
         info.context_length,
         weights // 2**20,
     )
-    return LoadedEmbedding(model=model, tokenizer=tokenizer, info=info, pad_id=int(pad))
+    return LoadedEmbedding(model=model, encode=encode, info=info, pad_id=int(pad))
 
 
 def run_pass(model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> np.ndarray:
@@ -219,9 +250,3 @@ def run_pass(model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> np.ndarr
         pooled = out.pooler_output  # per-token text_embeds (LFM2): the pooled mean
     vectors = np.array(pooled.astype(mx.float32), dtype=np.float32)
     return normalize(vectors)
-
-
-def normalize(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (a zero row stays zero)."""
-    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return vectors / np.maximum(norms, 1e-12)
