@@ -32,17 +32,23 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 from mlxd.config import Settings, format_bytes
-from mlxd.config.entry import ModelEntry
-from mlxd.config.registry import default_id, for_model, registry, resolve
-from mlxd.engine.admission import headroom_bytes
+from mlxd.config.registry import default_id, registry, resolve
 from mlxd.engine.engine import Engine
+from mlxd.engine.fleet_reload import RegistryReload
 from mlxd.engine.fleet_view import FleetEvent, FleetRefusal, FleetView, ModelState
 from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Failed
+from mlxd.engine.slot import (
+    Lease,
+    Slot,
+    budget_bytes,
+    estimate_weights,
+    model_state,
+    swallow_failure,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,98 +56,9 @@ logger = logging.getLogger(__name__)
 _TICK_S = 1.0
 # A failed load is not retried for this long: requests get its error at once.
 _RETRY_AFTER_FAILURE_S = 5.0
-# Keys of an entry whose change needs the model loaded again.
-_SWAP_KEYS = ("path", "chat_template", "tool_parser", "max_context", "demo_dtype", "kind")
-# The demo model's weights before it is converted (float32, the largest).
-_DEMO_ESTIMATE = 540 * 1024**2
 
 
-def budget_bytes(settings: Settings, device_bytes: int) -> int:
-    """``[memory] budget`` in bytes: as written, or device memory less a headroom."""
-    budget = settings.memory.budget
-    if budget == "auto":
-        return max(device_bytes - headroom_bytes(device_bytes), 64 * 1024**2)
-    return int(budget)
-
-
-def estimate_weights(entry: ModelEntry) -> int:
-    """The weights' bytes before loading: the size of the safetensors files."""
-    if entry.path is None:
-        from mlxd import demo
-
-        for dtype in ("float32", "bfloat16", "q4"):
-            found = _files_bytes(demo.demo_model_dir(dtype))
-            if found and entry.demo_dtype in ("auto", dtype):
-                return found
-        return _DEMO_ESTIMATE
-    return _files_bytes(Path(entry.path).expanduser())
-
-
-def _files_bytes(directory: Path) -> int:
-    try:
-        return sum(f.stat().st_size for f in directory.glob("*.safetensors"))
-    except OSError:
-        return 0
-
-
-class Slot:
-    """One configured model: its entry, its engine, where it stands."""
-
-    def __init__(self, model_id: str, entry: ModelEntry, settings: Settings):
-        self.id = model_id
-        self.entry = entry
-        self.settings = settings  # what this model runs with (for_model)
-        self.engine: Any = None
-        self.state = "unloaded"
-        self.error: str | None = None
-        self.failed_at = 0.0
-        self.active = 0  # leases held: requests between routing and their last byte
-        self.waiting = 0  # requests waiting for the load
-        self.wait_reason: str | None = None
-        self.last_used: float | None = None
-        self.loaded_at: float | None = None
-        self.load_seconds: float | None = None
-        self.pin_override: bool | None = None
-        self.task: asyncio.Future | None = None
-        self.removed = False
-
-    @property
-    def pinned(self) -> bool:
-        return self.entry.pin if self.pin_override is None else self.pin_override
-
-    @property
-    def busy(self) -> bool:
-        """Requests hold it, or its engine has work."""
-        return self.active > 0 or (self.engine is not None and self.engine.busy)
-
-    def prompt_cache_cap(self) -> int:
-        return self.settings.prompt_cache.max_bytes if self.entry.kind == "chat" else 0
-
-
-class Lease:
-    """A request's hold on a loaded model; :meth:`release` when its last byte is sent."""
-
-    def __init__(self, fleet: Fleet, slot: Slot):
-        self._fleet = fleet
-        self._slot = slot
-        self.id = slot.id
-        self.engine = slot.engine
-        self.settings = slot.settings
-        self._released = False
-
-    @property
-    def info(self) -> Any:
-        """The model's ModelInfo (chat) or EmbeddingInfo (embedding)."""
-        engine = self.engine
-        return getattr(engine, "model_info", None) or getattr(engine, "info", None)
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._fleet._released(self._slot)
-
-
-class Fleet:
+class Fleet(RegistryReload):
     """Every configured model; see the module docstring.
 
     Args:
@@ -229,7 +146,7 @@ class Fleet:
             slot.active -= 1
             self._notify()
             raise
-        return Lease(self, slot)
+        return Lease(slot, self._released)
 
     @contextlib.asynccontextmanager
     async def use(self, name: str | None, kind: str = "chat") -> AsyncIterator[Lease]:
@@ -303,7 +220,7 @@ class Fleet:
         if slot.state == "unloading" and slot.task is not None and not slot.task.done():
             return  # the waiter loops: once unloaded, it starts the load
         slot.task = asyncio.ensure_future(self._load(slot))
-        slot.task.add_done_callback(_swallow)
+        slot.task.add_done_callback(swallow_failure)
 
     def _load_failure(self, slot: Slot) -> Failed:
         return Failed(
@@ -464,7 +381,7 @@ class Fleet:
                 slot.task = asyncio.ensure_future(
                     self._unload(slot, "idle", f"unused for {float(keep):g}s (keep_alive)")
                 )
-                slot.task.add_done_callback(_swallow)
+                slot.task.add_done_callback(swallow_failure)
 
     # ------------------------------------------------------------ admin
 
@@ -509,122 +426,6 @@ class Fleet:
             )
         return slot
 
-    # ------------------------------------------------------------ reload
-
-    async def apply(self, settings: Settings) -> dict[str, str]:
-        """Adopt a reloaded registry; returns the models whose swap failed, with why.
-
-        Removed models finish what they run, then unload; added ones start
-        unloaded (pinned ones load); changed ones get their new settings
-        live, or are loaded again when their path or kind changed.
-        """
-        old = self.settings
-        self.settings = settings
-        self.pool.set_budget(budget_bytes(settings, self._device_bytes))
-        new = registry(settings)
-        renamed = None
-        if not old.models and not settings.models:  # one [model] table: its id may change
-            (old_id,), (new_id,) = registry(old), new
-            if old_id != new_id and old_id in self.slots:
-                renamed = (old_id, new_id)
-                self._rename(old_id, new_id)
-        errors: dict[str, str] = {}
-        for model_id, slot in list(self.slots.items()):
-            if model_id not in new:
-                slot.removed = True
-                task = asyncio.ensure_future(self._remove(slot))
-                task.add_done_callback(_swallow)
-        for model_id, entry in new.items():
-            slot = self.slots.get(model_id)
-            if slot is None or slot.removed:
-                if slot is not None:  # removed and added back before it left: wait for it
-                    await asyncio.shield(self._removal(slot))
-                added = self._add(model_id, settings)
-                if added.engine is not None:
-                    added.engine.start()
-                self._event(model_id, "added", "by a reload")
-                if added.pinned:
-                    self._spawn_load(added)
-                continue
-            error = await self._change(slot, entry, settings, old)
-            if error:
-                errors[model_id] = error
-        if renamed and errors:
-            self._rename(renamed[1], renamed[0])
-        self._notify()
-        return errors
-
-    def _rename(self, old_id: str, new_id: str) -> None:
-        """The one ``[model]`` table's id changed (its path or name): same slot, new id."""
-        slot = self.slots.pop(old_id)
-        slot.id = new_id
-        self.slots[new_id] = slot
-        self.pool.rename(old_id, new_id)
-        if slot.engine is not None:
-            slot.engine.rename(new_id)
-
-    async def _change(
-        self, slot: Slot, entry: ModelEntry, settings: Settings, old: Settings
-    ) -> str | None:
-        before, before_settings = slot.entry, slot.settings
-        slot.entry, slot.settings = entry, for_model(settings, slot.id)
-        swap = any(getattr(before, k) != getattr(entry, k) for k in _SWAP_KEYS)
-        if before.kind != entry.kind:
-            # A different kind is a different engine: unload, then start over.
-            if slot.state == "loaded":
-                await self._unload(slot, "unloaded", "its kind changed")
-            if slot.engine is not None:
-                await asyncio.to_thread(slot.engine.stop)
-            slot.engine = None
-            if entry.kind == "chat":
-                slot.engine = self._make_engine(slot.settings, slot.id, self.pool, False)
-                slot.engine.start()
-        elif entry.kind == "chat":
-            engine = slot.engine
-            if swap and slot.state == "loaded":
-                try:
-                    info = await asyncio.wrap_future(engine.swap_model(slot.settings.model))
-                except Exception as exc:
-                    slot.entry, slot.settings = before, before_settings
-                    return f"model swap failed, the previous model keeps serving: {exc}"
-                self.pool.settle(slot.id, info.weights_bytes + slot.prompt_cache_cap())
-                self._event(slot.id, "loaded", "swapped by a reload")
-            await asyncio.wrap_future(engine.call(lambda core: core.apply(slot.settings)))
-        elif swap and slot.state == "loaded":
-            await self._unload(slot, "unloaded", "its path changed")
-            self._spawn_load(slot)
-        if slot.pinned and slot.state in ("unloaded", "failed"):
-            self._spawn_load(slot)
-        return None
-
-    def _add(self, model_id: str, settings: Settings) -> Slot:
-        entry = registry(settings)[model_id]
-        slot = Slot(model_id, entry, for_model(settings, model_id))
-        if entry.kind == "chat":
-            at_start = entry.pin and self._changed is None  # before run(): the engine loads
-            if at_start:
-                self.pool.settle(model_id, estimate_weights(entry) + slot.prompt_cache_cap())
-                slot.state = "loading"
-            slot.engine = self._make_engine(slot.settings, model_id, self.pool, at_start)
-        self.slots[model_id] = slot
-        return slot
-
-    def _removal(self, slot: Slot) -> asyncio.Future:
-        return slot.task if slot.task is not None else asyncio.sleep(0)
-
-    async def _remove(self, slot: Slot) -> None:
-        if slot.task is not None and not slot.task.done():
-            with contextlib.suppress(Exception):
-                await asyncio.shield(slot.task)
-        if slot.state == "loaded":
-            await self._unload(slot, "removed", "by a reload")
-        engine, slot.engine = slot.engine, None
-        if engine is not None:
-            await asyncio.to_thread(engine.stop)
-        if self.slots.get(slot.id) is slot:
-            del self.slots[slot.id]
-        self._notify()
-
     # ------------------------------------------------------------ views
 
     def view(self) -> FleetView:
@@ -646,54 +447,8 @@ class Fleet:
         }
 
     def _state(self, slot: Slot) -> ModelState:
-        held = next((e for e in self.pool.view().entries if e.model_id == slot.id), None)
-        cap = slot.prompt_cache_cap() if held else 0
-        info = None
-        engine: dict[str, Any] = {}
-        prompt_cache = 0
-        if slot.engine is not None and slot.state == "loaded":
-            if slot.entry.kind == "chat":
-                info = slot.engine.model_info
-                snap = slot.engine.snapshot()
-                prompt_cache = snap.prompt_cache.bytes
-                engine = {
-                    "rows": len(snap.rows),
-                    "pending": len(snap.pending),
-                    "kv_bytes": snap.batch.kv_bytes,
-                    "kv_budget_bytes": snap.batch.kv_budget_bytes,
-                    "tokens_per_s": snap.throughput.get("last_minute_tps", 0.0),
-                    "counters": {
-                        k: v
-                        for k, v in snap.counters.items()
-                        if isinstance(v, int) and not isinstance(v, bool)
-                    },
-                }
-            else:
-                info = slot.engine.info
-                engine = _plain(slot.engine.snapshot())
-        return ModelState(
-            id=slot.id,
-            kind=slot.entry.kind,
-            path=slot.entry.path,
-            aliases=tuple(slot.entry.aliases),
-            state=slot.state,
-            default=slot.id == default_id(self.settings, slot.entry.kind),
-            pinned=slot.pinned,
-            keep_alive=slot.entry.keep_alive,
-            weights_bytes=(held.fixed - cap) if held else 0,
-            reserved_bytes=held.fixed if held else 0,
-            kv_bytes=held.kv if held else 0,
-            prompt_cache_bytes=prompt_cache,
-            active=slot.active,
-            waiting=slot.waiting,
-            wait_reason=slot.wait_reason,
-            last_used=slot.last_used,
-            loaded_at=slot.loaded_at,
-            load_seconds=slot.load_seconds,
-            error=slot.error,
-            capabilities=_capabilities(info),
-            engine=engine,
-        )
+        default = slot.id == default_id(self.settings, slot.entry.kind)
+        return model_state(slot, self.pool.view(), default)
 
     # ------------------------------------------------------------ plumbing
 
@@ -715,42 +470,6 @@ class Fleet:
 
 def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
-
-
-def _swallow(task: asyncio.Future) -> None:
-    """A background load's failure is reported to its waiters, and as an event."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _plain(value: Any) -> dict[str, Any]:
-    from dataclasses import asdict, is_dataclass
-
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return dict(value) if isinstance(value, dict) else {}
-
-
-def _capabilities(info: Any) -> dict[str, Any]:
-    if info is None:
-        return {}
-    keys = (
-        "context_length",
-        "family",
-        "dtype",
-        "tool_format",
-        "reasoning",
-        "structured_output",
-        "batchable",
-        "vocab_size",
-        "max_token_chars",
-        "dimensions",
-        "supports_dimensions",
-    )
-    out = {k: getattr(info, k) for k in keys if hasattr(info, k)}
-    if "tool_format" in out:
-        out["tools"] = out["tool_format"] is not None
-    return out
 
 
 def _embedding_engine(settings: Settings, model_id: str) -> Any:
