@@ -18,6 +18,8 @@ def test_the_embeddings_benchmark_prints_a_row_per_batch_size(tiny_embedding_mod
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = re.findall(r"^\| (\d+) \| (\d+) \| ([0-9.]+) \|$", done.stdout, re.MULTILINE)
-    assert [(size, passes) for size, passes, _ in rows] == [("1", "16"), ("4", "4")], done.stdout
+    assert [size for size, _, _ in rows] == ["1", "4"], done.stdout
+    # One text per pass at size 1; at size 4, what each round finds tokenized, 4 at most.
+    assert int(rows[0][1]) == 16 and 4 <= int(rows[1][1]) <= 16, done.stdout
     assert all(float(rate) > 0 for _, _, rate in rows)
     assert "bert, 64 dimensions" in done.stdout
