@@ -311,3 +311,40 @@ def test_unknown_parameters_are_dropped_when_the_config_says_ignore(
         assert d.stop() == 0, d.log()[-3000:]
     finally:
         d.stop()
+
+
+def test_an_embedding_model_shares_the_memory_budget_with_chat(
+    tmp_path, tiny_models, tiny_embedding_model
+):
+    # Room for either model (weights: chat 0.86 MB, emb 0.42 MB; plus a row of the chat's
+    # KV), not both: each load evicts the other, idle one, and requests still succeed.
+    models = registry(tiny_models, tiny_embedding_model)
+    models["chat"]["prompt_cache"] = {"max_bytes": 0, "max_entries": 0}
+    config = toml_config(models=models, memory={"budget": 1_200_000})
+    d = Daemon(tmp_path / "d", config).start()
+
+    def fleet(http) -> tuple[dict, dict]:
+        body = http.get("/stats").json()["fleet"]
+        return body, {m["id"]: m for m in body["models"]}
+
+    chat_body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        with d.client() as http:
+            for _ in range(2):
+                assert http.post("/v1/chat/completions", json=chat_body).status_code == 200
+                body, models = fleet(http)
+                assert models["chat"]["state"] == "loaded" and models["emb"]["state"] != "loaded"
+                assert body["used_bytes"] <= body["budget_bytes"]
+                r = http.post("/v1/embeddings", json={"model": "emb", "input": ["a", "b"]})
+                assert r.status_code == 200, r.text
+                body, models = fleet(http)
+                assert models["emb"]["state"] == "loaded" and models["chat"]["state"] != "loaded"
+                assert models["emb"]["weights_bytes"] == models["emb"]["engine"]["weights_bytes"]
+                assert models["emb"]["reserved_bytes"] == models["emb"]["weights_bytes"] > 0
+                assert body["used_bytes"] <= body["budget_bytes"]
+            events = http.get("/stats").json()["fleet"]["events"]
+            evicted = [e["model"] for e in events if e["kind"] == "evicted"]
+            assert "chat" in evicted and "emb" in evicted, events
+        assert d.stop() == 0, d.log()[-3000:]
+    finally:
+        d.stop()
