@@ -268,13 +268,18 @@ class EmbeddingEngine:
         self.info = loaded.info
         self.weights_bytes = loaded.info.weights_bytes
         self._end_load("ready")
+        from mlxd.engine.embedding_model import release_cache
+
         try:
             while (jobs := self._take()) is not None:
                 self._round(loaded, jobs)
+                if not self._inbox:  # idle: activations need not stay cached
+                    release_cache()
         finally:
             # MLX arrays made on this thread must not outlive it.
             loaded = None
             gc.collect()
+            release_cache()
             with self._cond:
                 self._state = "stopped"
 

@@ -250,3 +250,8 @@ def run_pass(model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> np.ndarr
         pooled = out.pooler_output  # per-token text_embeds (LFM2): the pooled mean
     vectors = np.array(pooled.astype(mx.float32), dtype=np.float32)
     return normalize(vectors)
+
+
+def release_cache() -> None:
+    """Hand MLX's cached buffers (a pass's activations, freed weights) back to the system."""
+    mx.clear_cache()
