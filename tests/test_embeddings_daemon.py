@@ -128,6 +128,8 @@ def test_dimensions_truncate_and_renormalize(client):
 def test_an_alias_routes_and_the_response_names_the_id(client):
     response = client.embeddings.create(model="text-embedding-3-small", input="hi", user="u-1")
     assert response.model == "emb" and len(response.data[0].embedding) == DIMS
+    # An empty name is the default model of the route's kind (here the only embedding model).
+    assert client.embeddings.create(model="", input="hi").model == "emb"
 
 
 def test_concurrent_requests_all_succeed_and_are_counted(daemon, http):
