@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -400,3 +401,31 @@ def test_plan_passes_sorts_by_length_and_caps_inputs_and_padded_tokens():
     assert [[len(j.ids[i]) for j, i in p] for p in wide] == [[40, 40], [40], [500]]
     every = [(id(j), i) for p in plan_passes([a, b], limit=8) for j, i in p]
     assert sorted(every) == sorted([(id(a), i) for i in range(3)] + [(id(b), i) for i in range(2)])
+
+
+def test_a_process_that_used_an_engine_exits_cleanly(tiny_embedding_model):
+    # MLX state made on the engine's thread must not outlive it: freeing it at interpreter
+    # exit, after the thread's stream is gone, aborts the process ("terminate called ...").
+    code = (
+        "import sys\n"
+        "import mlx_embeddings  # as a caller that uses it too: its modules load here\n"
+        "from mlxd.config import load_settings\n"
+        "from mlxd.config.registry import for_model\n"
+        "from mlxd.engine.embedding import EmbeddingEngine\n"
+        "p = sys.argv[1]\n"
+        "models = {'chat': {'path': p}, 'emb': {'path': p, 'kind': 'embedding'}}\n"
+        "s = for_model(load_settings(None, overrides={'models': models}), 'emb')\n"
+        "e = EmbeddingEngine(s, 'emb'); e.start(); assert e.wait_loaded(120), e.load_error\n"
+        "texts = ['hello river world', 'the boats rock', 'a', 'the river runs past the mill']\n"
+        "print(e.submit(texts).result(60).vectors.shape)\n"
+        "e.stop()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_embedding_model)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "(4, 64)" in done.stdout
