@@ -251,25 +251,28 @@ class EmbeddingEngine:
     # ------------------------------------------------------------ the model's thread
 
     def _run(self) -> None:
-        from mlxd.engine.embedding_model import load_embedding
+        from mlxd.engine.embedding_model import load_embedding, release_cache
         from mlxd.engine.model import ModelLoadError
 
+        loaded, message = None, ""
         try:
             loaded = load_embedding(self.settings.model, self.model_id)
         except Exception as exc:
             message = (
                 str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
             )
+        if loaded is None:
             logger.error("embedding model %s failed to load: %s", self.model_id, message)
             self.load_error = message
+            # The exception's frames may have held a half-loaded model: free it on this thread.
+            gc.collect()
+            release_cache()
             self._end_load("failed")
             return
         self._encode = loaded.encode
         self.info = loaded.info
         self.weights_bytes = loaded.info.weights_bytes
         self._end_load("ready")
-        from mlxd.engine.embedding_model import release_cache
-
         try:
             while (jobs := self._take()) is not None:
                 self._round(loaded, jobs)
