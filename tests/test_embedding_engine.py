@@ -11,7 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from tinyembed import EMBED_CONFIG
+from tinyembed import EMBED_CONFIG, QWEN3_CONFIG
 
 from mlxd.config import load_settings
 from mlxd.config.registry import for_model
@@ -429,3 +429,37 @@ def test_a_process_that_used_an_engine_exits_cleanly(tiny_embedding_model):
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "(4, 64)" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def qwen3_engine():
+    from tinyembed import tiny_qwen3_embedding_dir
+
+    engine = make(tiny_qwen3_embedding_dir())
+    yield engine
+    engine.stop()
+
+
+def test_a_causal_last_token_model_batches_like_singles(qwen3_engine):
+    # Qwen3-Embedding pools the last real token: right padding must not move it.
+    info = qwen3_engine.info
+    assert info is not None and info.family == "qwen3" and info.supports_dimensions
+    assert info.dimensions == QWEN3_CONFIG["hidden_size"]
+    assert info.context_length == QWEN3_CONFIG["max_position_embeddings"]
+    assert info.max_token_chars > 0 and not info.min_token_per_word  # byte-level BPE
+    together = embed(qwen3_engine, TEXTS).vectors
+    for i, text in enumerate(TEXTS):
+        alone = embed(qwen3_engine, [text]).vectors[0]
+        assert float(np.dot(together[i], alone)) > 0.9999, (i, text)
+    assert float(np.dot(together[0], together[1])) < 0.99
+    short = embed(qwen3_engine, TEXTS, dimensions=8).vectors
+    np.testing.assert_allclose(np.linalg.norm(short, axis=1), 1.0, atol=1e-5)
+
+
+def test_a_byte_level_model_refuses_a_huge_text_by_its_characters(qwen3_engine):
+    info = qwen3_engine.info
+    assert info is not None
+    limit = info.context_length * info.max_token_chars
+    error = refusal(qwen3_engine, ["ok", "x" * (limit + 1)])
+    assert error.code == "context_length_exceeded"
+    assert f"Input 1 is {limit + 1} characters" in error.message

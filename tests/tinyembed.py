@@ -6,7 +6,11 @@ model directory (``config.json``, ``model.safetensors``, ``tokenizer.json`` and
 downloaded: the WordPiece tokenizer (lower-casing, ``[CLS] ... [SEP]`` around every text,
 like real BERT checkpoints) is trained on the chat models' corpus with ``tokenizers``.
 
-The config declares ``matryoshka_dimensions``, mlxd's marker for a model trained for
+A second family, ``qwen3`` (:func:`tiny_qwen3_embedding_dir`), is a tiny random
+Qwen3-Embedding: causal attention, last-token pooling, the chat models' byte-level BPE
+tokenizer with ``<|endoftext|>`` appended to every text (as Qwen3-Embedding's does).
+
+The BERT config declares ``matryoshka_dimensions``, mlxd's marker for a model trained for
 truncated vectors (``dimensions`` in a request); tests that need a model without it copy
 the directory and drop the key.
 
@@ -27,9 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tinymodels import _CORPUS, cache_root
+from tinymodels import _CORPUS, _tokenizer_json_with, cache_root
 
-__all__ = ["EMBED_CONFIG", "MINILM_SHAPE", "build_tiny_embedding", "tiny_embedding_dir"]
+__all__ = [
+    "EMBED_CONFIG",
+    "MINILM_SHAPE",
+    "QWEN3_CONFIG",
+    "build_tiny_embedding",
+    "tiny_embedding_dir",
+    "tiny_qwen3_embedding_dir",
+]
 
 CONTENT_VERSION = "e1"
 VOCAB_SIZE = 400
@@ -152,14 +163,14 @@ def build_tiny_embedding(
     return out_dir
 
 
-def _content_key(seed: int) -> str:
+def _content_key(extra: dict[str, Any], seed: int) -> str:
     import mlx.core as mx
     import mlx_embeddings
 
     blob = json.dumps(
         {
             "version": CONTENT_VERSION,
-            "config": EMBED_CONFIG,
+            **extra,
             "corpus": _CORPUS,
             "vocab": VOCAB_SIZE,
             "seed": seed,
@@ -171,16 +182,17 @@ def _content_key(seed: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def tiny_embedding_dir(*, seed: int = 0, cache_dir: Path | None = None) -> Path:
-    """A cached build under ``<cache_root()>/<CONTENT_VERSION>/bert-embed-<seed>-<key>``."""
+def _cached(
+    name: str, extra: dict[str, Any], seed: int, cache_dir: Path | None, build: Any
+) -> Path:
     root = (Path(cache_dir) if cache_dir is not None else cache_root()) / CONTENT_VERSION
-    final = root / f"bert-embed-{seed}-{_content_key(seed)}"
+    final = root / f"{name}-{_content_key(extra, seed)}"
     if final.is_dir():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        build_tiny_embedding(tmp, seed=seed)
+        build(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -190,3 +202,86 @@ def tiny_embedding_dir(*, seed: int = 0, cache_dir: Path | None = None) -> Path:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(tmp)
     return final
+
+
+def tiny_embedding_dir(*, seed: int = 0, cache_dir: Path | None = None) -> Path:
+    """A cached build under ``<cache_root()>/<CONTENT_VERSION>/bert-embed-<seed>-<key>``."""
+    return _cached(
+        f"bert-embed-{seed}", {"config": EMBED_CONFIG}, seed, cache_dir,
+        lambda tmp: build_tiny_embedding(tmp, seed=seed),
+    )  # fmt: skip
+
+
+QWEN3_CONFIG: dict[str, Any] = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
+_QWEN3_EOS = "<|endoftext|>"
+
+
+def _qwen3_tokenizer_json() -> str:
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_str(_tokenizer_json_with(()))
+    eos = tok.token_to_id(_QWEN3_EOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"$A {_QWEN3_EOS}", pair=f"$A {_QWEN3_EOS} $B:1 {_QWEN3_EOS}:1",
+        special_tokens=[(_QWEN3_EOS, eos)],
+    )  # fmt: skip
+    return tok.to_str()
+
+
+def build_tiny_qwen3_embedding(out_dir: Path, *, seed: int = 0) -> Path:
+    """Write the random-weight Qwen3 embedding model into ``out_dir``."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_embeddings.models import qwen3
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = _qwen3_tokenizer_json()
+    vocab = len(json.loads(tokenizer)["model"]["vocab"])
+    config = {**QWEN3_CONFIG, "vocab_size": vocab, "torch_dtype": "float32"}
+    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    digest = hashlib.sha256(f"qwen3:{seed}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    arrays = {}
+    for name in sorted(params):
+        shape = tuple(params[name].shape)
+        if "embed" in name:
+            w = rng.normal(0.0, 0.5, shape)
+        elif len(shape) >= 2:
+            w = rng.normal(0.0, 1.0 / np.sqrt(shape[-1]), shape)
+        else:
+            w = np.array(params[name].astype(mx.float32))
+        arrays[name] = mx.array(w.astype(np.float32))
+    mx.save_safetensors(str(out_dir / "model.safetensors"), arrays, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out_dir / "tokenizer.json").write_text(tokenizer)
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": QWEN3_CONFIG["max_position_embeddings"],
+        "eos_token": _QWEN3_EOS,
+        "pad_token": _QWEN3_EOS,
+        "clean_up_tokenization_spaces": False,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    return out_dir
+
+
+def tiny_qwen3_embedding_dir(*, seed: int = 0, cache_dir: Path | None = None) -> Path:
+    """A cached build of the tiny Qwen3 embedding model (see :func:`tiny_embedding_dir`)."""
+    return _cached(
+        f"qwen3-embed-{seed}", {"config": QWEN3_CONFIG, "eos": _QWEN3_EOS}, seed, cache_dir,
+        lambda tmp: build_tiny_qwen3_embedding(tmp, seed=seed),
+    )  # fmt: skip
