@@ -463,3 +463,53 @@ def test_a_byte_level_model_refuses_a_huge_text_by_its_characters(qwen3_engine):
     error = refusal(qwen3_engine, ["ok", "x" * (limit + 1)])
     assert error.code == "context_length_exceeded"
     assert f"Input 1 is {limit + 1} characters" in error.message
+
+
+@pytest.mark.parametrize("family", ["xlm_roberta", "modernbert", "modernbert_mlm", "qwen3"])
+def test_every_family_batches_like_singles(family):
+    # Padding must be invisible in each family's own way: RoBERTa's positions counted from
+    # the padding id, ModernBERT's local attention windows, Qwen3's causal last token.
+    from tinyembed import ENCODER_FAMILIES, tiny_encoder_dir, tiny_qwen3_embedding_dir
+
+    path = tiny_qwen3_embedding_dir() if family == "qwen3" else tiny_encoder_dir(family)
+    engine = make(path)
+    try:
+        info = engine.info
+        assert info is not None and info.family == ("qwen3" if family == "qwen3" else (
+            ENCODER_FAMILIES[family]["model_type"]))  # fmt: skip
+        hidden = QWEN3_CONFIG["hidden_size"] if family == "qwen3" else 64
+        together = embed(engine, TEXTS).vectors
+        assert together.shape == (len(TEXTS), hidden)
+        np.testing.assert_allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+        for i, text in enumerate(TEXTS):
+            alone = embed(engine, [text]).vectors[0]
+            assert float(np.dot(together[i], alone)) > 0.9999, (family, i, text)
+        assert float(np.dot(together[0], together[1])) < 0.99
+    finally:
+        engine.stop()
+
+
+def test_a_failing_pass_fails_its_requests_and_the_engine_goes_on(engine, monkeypatch):
+    # A forward pass that raises, or a bug after it, cannot be produced by a healthy model:
+    # both are injected here. The requests get 500 and the thread keeps serving.
+    import mlxd.engine.embedding as embedding
+    import mlxd.engine.embedding_model as embedding_model
+
+    def broken_pass(*_args, **_kw):
+        raise RuntimeError("injected pass failure")
+
+    monkeypatch.setattr(embedding_model, "run_pass", broken_pass)
+    error = refusal(engine, TEXTS[:2])
+    assert (error.status, error.code) == (500, "embedding_error")
+    assert "injected pass failure" in error.message
+    monkeypatch.undo()
+
+    def broken_result(_job):
+        raise RuntimeError("injected bug after the pass")
+
+    monkeypatch.setattr(embedding, "result_of", broken_result)
+    error = refusal(engine, TEXTS[:2])
+    assert (error.status, error.code) == (500, "embedding_error")
+    monkeypatch.undo()
+    assert engine.alive and not engine.busy
+    assert embed(engine, TEXTS[:2]).vectors.shape == (2, EMBED_CONFIG["hidden_size"])

@@ -6,7 +6,11 @@ model directory (``config.json``, ``model.safetensors``, ``tokenizer.json`` and
 downloaded: the WordPiece tokenizer (lower-casing, ``[CLS] ... [SEP]`` around every text,
 like real BERT checkpoints) is trained on the chat models' corpus with ``tokenizers``.
 
-A second family, ``qwen3`` (:func:`tiny_qwen3_embedding_dir`), is a tiny random
+:func:`tiny_encoder_dir` builds other encoder families of mlx-embeddings with the same
+tokenizer: ``xlm_roberta`` (positions counted from the padding id) and ``modernbert``
+(alternating local and global attention), as an embedding model and as a masked LM.
+
+Another family, ``qwen3`` (:func:`tiny_qwen3_embedding_dir`), is a tiny random
 Qwen3-Embedding: causal attention, last-token pooling, the chat models' byte-level BPE
 tokenizer with ``<|endoftext|>`` appended to every text (as Qwen3-Embedding's does).
 
@@ -35,10 +39,12 @@ from tinymodels import _CORPUS, _tokenizer_json_with, cache_root
 
 __all__ = [
     "EMBED_CONFIG",
+    "ENCODER_FAMILIES",
     "MINILM_SHAPE",
     "QWEN3_CONFIG",
     "build_tiny_embedding",
     "tiny_embedding_dir",
+    "tiny_encoder_dir",
     "tiny_qwen3_embedding_dir",
 ]
 
@@ -284,4 +290,74 @@ def tiny_qwen3_embedding_dir(*, seed: int = 0, cache_dir: Path | None = None) ->
     return _cached(
         f"qwen3-embed-{seed}", {"config": QWEN3_CONFIG, "eos": _QWEN3_EOS}, seed, cache_dir,
         lambda tmp: build_tiny_qwen3_embedding(tmp, seed=seed),
+    )  # fmt: skip
+
+
+# Other encoder families, with the BERT's WordPiece tokenizer ([PAD] = 0).
+ENCODER_FAMILIES: dict[str, dict[str, Any]] = {
+    "xlm_roberta": {
+        "model_type": "xlm_roberta",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        # RoBERTa counts positions from pad_token_id + 1: 128 tokens.
+        "max_position_embeddings": 130,
+        "pad_token_id": 0,
+        "type_vocab_size": 1,
+    },
+    "modernbert": {
+        "model_type": "modernbert",
+        "architectures": ["ModernBertModel"],
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "max_position_embeddings": 128,
+        "pad_token_id": 0,
+        "local_attention": 8,
+        "global_attn_every_n_layers": 3,
+    },
+}
+# A ModernBERT checkpoint configured as a masked LM: per-token outputs, pooled by mlxd.
+ENCODER_FAMILIES["modernbert_mlm"] = {
+    **ENCODER_FAMILIES["modernbert"],
+    "architectures": ["ModernBertForMaskedLM"],
+}
+
+
+def build_tiny_encoder(family: str, out_dir: Path, *, seed: int = 0) -> Path:
+    """Write a random-weight ``family`` encoder (see :data:`ENCODER_FAMILIES`) into ``out_dir``."""
+    import importlib
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    out_dir = Path(out_dir)
+    build_tiny_embedding(out_dir, seed=seed)  # the tokenizer files (and BERT weights, replaced)
+    config = {**ENCODER_FAMILIES[family], "vocab_size": _vocab_size(), "torch_dtype": "float32"}
+    module = importlib.import_module(f"mlx_embeddings.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    digest = hashlib.sha256(f"{family}:{seed}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    arrays = {}
+    for name, param in sorted(tree_flatten(model.parameters())):
+        shape = tuple(param.shape)
+        if len(shape) >= 2:
+            w = rng.normal(0.0, 0.5 if "embed" in name else 1.0 / np.sqrt(shape[-1]), shape)
+        elif name.endswith("bias"):
+            w = np.zeros(shape)
+        else:
+            w = np.array(param.astype(mx.float32))
+        arrays[name] = mx.array(w.astype(np.float32))
+    mx.save_safetensors(str(out_dir / "model.safetensors"), arrays, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
+def tiny_encoder_dir(family: str, *, seed: int = 0, cache_dir: Path | None = None) -> Path:
+    """A cached build of ``family`` (see :data:`ENCODER_FAMILIES`)."""
+    return _cached(
+        f"{family}-embed-{seed}", {"config": ENCODER_FAMILIES[family]}, seed, cache_dir,
+        lambda tmp: build_tiny_encoder(family, tmp, seed=seed),
     )  # fmt: skip

@@ -275,7 +275,19 @@ class EmbeddingEngine:
         self._end_load("ready")
         try:
             while (jobs := self._take()) is not None:
-                self._round(loaded, jobs)
+                try:
+                    self._round(loaded, jobs)
+                except Exception as exc:  # the thread must never die: fail the round only
+                    logger.exception("embedding round failed")
+                    error = EmbeddingError(
+                        500,
+                        f"embedding failed: {type(exc).__name__}: {exc}",
+                        code="embedding_error",
+                    )
+                    for job in jobs:
+                        self._fail(job, error)
+                    with self._cond:
+                        self._counts.running = 0
                 if not self._inbox:  # idle: activations need not stay cached
                     release_cache()
         finally:
@@ -345,6 +357,11 @@ class EmbeddingEngine:
             rows = [job.ids[i] for job, i in chunk]
             try:
                 vectors = run_pass(loaded.model, rows, loaded.pad_id)
+                if vectors.shape != (len(rows), loaded.info.dimensions):
+                    raise ValueError(
+                        f"vectors of shape {vectors.shape}, expected "
+                        f"{(len(rows), loaded.info.dimensions)}"
+                    )
             except Exception as exc:
                 logger.exception("embedding pass of %d inputs failed", len(rows))
                 error = EmbeddingError(

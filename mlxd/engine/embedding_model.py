@@ -244,10 +244,19 @@ def run_pass(model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> np.ndarr
     for i, row in enumerate(rows):
         ids[i, : len(row)] = row
         mask[i, : len(row)] = 1
-    out = model(mx.array(ids), attention_mask=mx.array(mask))
+    attention = mx.array(mask)
+    out = model(mx.array(ids), attention_mask=attention)
     pooled = out.text_embeds
-    if pooled is None or pooled.ndim != 2:
-        pooled = out.pooler_output  # per-token text_embeds (LFM2): the pooled mean
+    if pooled is None:
+        pooled = out.pooler_output
+    elif pooled.ndim == 3:
+        # Per-token vectors (LFM2; a ModernBERT configured as a masked LM): their mean
+        # over the real tokens, as LFM2's own pooler does.
+        weights = attention[:, :, None].astype(pooled.dtype)
+        pooled = (pooled * weights).sum(axis=1) / mx.maximum(weights.sum(axis=1), 1)
+    if pooled is None or pooled.ndim != 2 or pooled.shape[0] != len(rows):
+        shape = None if pooled is None else tuple(pooled.shape)
+        raise ValueError(f"the model gave no pooled vectors for {len(rows)} inputs: {shape}")
     vectors = np.array(pooled.astype(mx.float32), dtype=np.float32)
     return normalize(vectors)
 
