@@ -465,10 +465,13 @@ def test_a_byte_level_model_refuses_a_huge_text_by_its_characters(qwen3_engine):
     assert f"Input 1 is {limit + 1} characters" in error.message
 
 
-@pytest.mark.parametrize("family", ["xlm_roberta", "modernbert", "modernbert_mlm", "qwen3"])
+@pytest.mark.parametrize(
+    "family", ["xlm_roberta", "modernbert", "modernbert_mlm", "gemma3_text", "qwen3"]
+)
 def test_every_family_batches_like_singles(family):
     # Padding must be invisible in each family's own way: RoBERTa's positions counted from
-    # the padding id, ModernBERT's local attention windows, Qwen3's causal last token.
+    # the padding id, ModernBERT's local attention windows, EmbeddingGemma's sliding
+    # windows and dense head, Qwen3's causal last token.
     from tinyembed import ENCODER_FAMILIES, tiny_encoder_dir, tiny_qwen3_embedding_dir
 
     path = tiny_qwen3_embedding_dir() if family == "qwen3" else tiny_encoder_dir(family)

@@ -8,7 +8,8 @@ like real BERT checkpoints) is trained on the chat models' corpus with ``tokeniz
 
 :func:`tiny_encoder_dir` builds other encoder families of mlx-embeddings with the same
 tokenizer: ``xlm_roberta`` (positions counted from the padding id) and ``modernbert``
-(alternating local and global attention), as an embedding model and as a masked LM.
+(alternating local and global attention), as an embedding model and as a masked LM, and
+``gemma3_text`` (EmbeddingGemma's architecture, sliding windows on two of three layers).
 
 Another family, ``qwen3`` (:func:`tiny_qwen3_embedding_dir`), is a tiny random
 Qwen3-Embedding: causal attention, last-token pooling, the chat models' byte-level BPE
@@ -318,6 +319,25 @@ ENCODER_FAMILIES: dict[str, dict[str, Any]] = {
         "local_attention": 8,
         "global_attn_every_n_layers": 3,
     },
+}
+# EmbeddingGemma's shape in small: gemma3 layers (sliding window 16 on two of three) with
+# bidirectional attention, mean pooling and two dense layers.
+ENCODER_FAMILIES["gemma3_text"] = {
+    "model_type": "gemma3_text",
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10_000.0,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": 16,
+    "sliding_window_pattern": 3,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
 }
 # A ModernBERT checkpoint configured as a masked LM: per-token outputs, pooled by mlxd.
 ENCODER_FAMILIES["modernbert_mlm"] = {
