@@ -105,15 +105,21 @@ def start(work: Path, ranks: int, model: Path, blas: str, size: int) -> tuple[li
         cmd = [sys.executable, "-m", "mlxd", "serve", "--config", str(cfg)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT))
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    wait_ready(url, f"{ranks} rank(s) did not get ready; see {work}")
+    return procs, url
+
+
+def wait_ready(url: str, failure: str, timeout: float = 300) -> None:
+    """Until ``url``/ready answers 200; RuntimeError(``failure``) after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return procs, url
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise RuntimeError(f"{ranks} rank(s) did not get ready; see {work}")
+    raise RuntimeError(failure)
 
 
 def stream(url: str, model: str, tokens: int) -> tuple[int, float | None, float]:

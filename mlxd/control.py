@@ -166,5 +166,22 @@ def status_lines(url: str, s: dict[str, Any]) -> tuple[list[str], int]:
         lines.append(f"  model error: {model['error']}")
     if s.get("last_error"):
         lines.append(f"  last error: {s['last_error']}")
-    healthy = s["state"] == "ready" and not s.get("stalled") and model["status"] == "ready"
-    return lines, 0 if healthy else 1
+    fleet = s.get("fleet") or {}
+    models = fleet.get("models", [])
+    if len(models) > 1:
+        lines.append(
+            f"  models: {_bytes(fleet['used_bytes'])} of a {_bytes(fleet['budget_bytes'])} "
+            "memory budget"
+        )
+        for m in models:
+            flags = [m["state"], m["kind"]] + [f for f in ("default", "pinned") if m[f]]
+            held = f", {_bytes(m['reserved_bytes'] + m['kv_bytes'])}" if m["reserved_bytes"] else ""
+            line = f"    {m['id']}: {', '.join(flags)}{held}"
+            if m.get("wait_reason") or m.get("error"):
+                line += f" ({m.get('wait_reason') or m.get('error')})"
+            lines.append(line)
+    # The default model may be unloaded (loaded on demand); pinned ones must be loaded.
+    pinned_ok = all(m["state"] == "loaded" for m in models if m["pinned"])
+    default_ok = model["status"] in ("ready", "unloaded")
+    healthy = s["state"] in ("ready", "unloaded") and not s.get("stalled") and default_ok
+    return lines, 0 if healthy and pinned_ok else 1

@@ -106,3 +106,16 @@ def test_structured_benchmark_runs_on_a_tiny_model(tiny_models, tmp_path: Path) 
     comp = report["compile"]
     assert comp["schemas"] >= 10 and 0 < comp["cached_p50_ms"] < comp["cold_p50_ms"]
     assert "| 4 | 16 |" in done.stdout
+
+
+def test_fleet_benchmark_runs_on_two_tiny_models(tiny_models) -> None:
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "fleet.py"),
+        "--a", str(tiny_models("llama")), "--b", str(tiny_models("llama_b")),
+        "--tokens", "8", "--concurrency", "2", "--cycles", "2",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "| cold TTFT (load + prefill), s |" in done.stdout
+    assert "2 streams to each model at once:" in done.stdout
+    assert "(2 evictions in 2 requests)" in done.stdout

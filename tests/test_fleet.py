@@ -241,3 +241,42 @@ def test_keep_alive_unloads_an_idle_model_and_a_request_loads_it_again(tmp_path,
         assert reply.status_code == 200 and reply.json()["model"] == "b"
     finally:
         d.stop()
+
+
+def test_every_api_routes_by_model_and_refuses_in_its_own_shape(daemon):
+    messages = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    anthropic = httpx.post(f"{daemon.url}/v1/messages", json={"model": "nope", **messages})
+    assert anthropic.status_code == 404
+    body = anthropic.json()
+    assert body["type"] == "error" and body["error"]["type"] == "not_found_error"
+    assert "'a', 'b', 'c'" in body["error"]["message"]
+    reply = httpx.post(
+        f"{daemon.url}/v1/messages", json={"model": "bee", **messages}, timeout=60
+    ).json()
+    assert reply["model"] == "b" and reply["type"] == "message"
+    counted = httpx.post(
+        f"{daemon.url}/v1/messages/count_tokens",
+        json={"model": "c", "messages": messages["messages"]},
+        timeout=60,
+    )
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    responses = httpx.post(
+        f"{daemon.url}/v1/responses",
+        json={"model": "gpt-5", "input": "hi", "max_output_tokens": 3},
+        timeout=60,
+    ).json()
+    assert responses["model"] == "b" and responses["status"] in ("completed", "incomplete")
+    unknown = httpx.post(f"{daemon.url}/v1/responses", json={"model": "nope", "input": "hi"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_mlxd_status_lists_every_model(daemon):
+    from mlxd.control import status_lines
+
+    lines, code = status_lines(daemon.url, daemon.stats())
+    text = "\n".join(lines)
+    assert "memory budget" in text
+    for model in ("a", "b", "c", "huge", "broken"):
+        assert f"    {model}: " in text
+    assert "a: loaded, chat, default, pinned" in text
+    assert code == 0  # the pinned model is loaded; the others load on demand

@@ -4,6 +4,7 @@ real demo model (SmolLM2-135M-Instruct)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import anthropic
@@ -249,4 +250,6 @@ def test_a_client_that_leaves_cancels_its_row(daemon, claude, model):
     assert stats["rows"] == []
     assert stats["counters"]["by_api"]["messages"] == apis.get("messages", 0) + 1
     metrics = httpx.get(f"{daemon.url}/metrics", timeout=10).text
-    assert 'mlxd_api_requests_total{api="messages"}' in metrics
+    assert re.search(
+        r'^mlxd_api_requests_total\{api="messages",model="[^"]+"\} [1-9]', metrics, re.M
+    )

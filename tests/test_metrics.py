@@ -87,8 +87,9 @@ def scrape(d: Daemon) -> tuple[dict[str, Any], dict[tuple[str, tuple], float], s
     return after, samples, response.text
 
 
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
+def value(samples: dict, metric: str, /, **labels: str) -> float:
+    """A sample of the one model's series: every engine series carries ``model``."""
+    return samples[(metric, tuple(sorted({"model": MODEL, **labels}.items())))]
 
 
 def test_metrics_parse_and_agree_with_stats(daemon: Daemon, traffic: dict[str, int]) -> None:
@@ -135,8 +136,13 @@ def test_metrics_parse_and_agree_with_stats(daemon: Daemon, traffic: dict[str, i
     assert value(m, "mlxd_engine_state", state="ready") == 1
     assert value(m, "mlxd_uptime_seconds") == pytest.approx(s["uptime_s"], abs=2)
     info = value(m, "mlxd_model_info", batchable="true", context_length=str(s["model"]["context"]),
-                 family="llama", mode="batch", model=MODEL, status="ready")  # fmt: skip
+                 family="llama", mode="batch", name=MODEL, status="ready")  # fmt: skip
     assert info == 1
+    # An old single-[model] config is a fleet of one: loaded, pinned, in the budget.
+    assert value(m, "mlxd_model_loaded") == value(m, "mlxd_model_pinned") == 1
+    assert value(m, "mlxd_model_weights_bytes") > 0
+    assert 0 < m[("mlxd_memory_used_bytes", ())] <= m[("mlxd_memory_budget_bytes", ())]
+    assert value(m, "mlxd_model_events_total", kind="loaded") == 1
 
 
 def test_histograms_count_every_completed_request(daemon: Daemon, traffic: dict) -> None:

@@ -353,6 +353,6 @@ def test_stats_and_dashboard_mark_constrained_rows(hermes: Daemon):
     assert seen_stats and seen_html
     done.wait(120)
     metrics = httpx.get(f"{hermes.url}/metrics", timeout=10).text
-    assert 'mlxd_constrained_rows_total{kind="json"}' in metrics
+    assert re.search(r'^mlxd_constrained_rows_total\{kind="json",model="[^"]+"\}', metrics, re.M)
     assert 'mlxd_grammar_compile_seconds_count{cache="cold"}' in metrics
-    assert re.search(r"^mlxd_tool_calls_total [1-9]", metrics, re.M)
+    assert re.search(r'^mlxd_tool_calls_total\{model="[^"]+"\} [1-9]', metrics, re.M)

@@ -3,13 +3,18 @@
 Two sources, on purpose:
 
 - Everything the snapshot already counts (rows, KV bytes, prompt cache,
-  counters, config version, uptime) is read from the engine snapshot *at
-  scrape time* by :class:`SnapshotCollector`, so ``/metrics`` and ``/stats``
-  can never disagree and nothing is counted twice.
+  counters, config version, uptime) is read from each loaded chat model's
+  engine snapshot *at scrape time* by :class:`SnapshotCollector`, one series
+  per model (label ``model``), so ``/metrics`` and ``/stats`` can never
+  disagree and nothing is counted twice. The memory budget and every
+  configured model's place in it come from the fleet's view
+  (:class:`FleetCollector`); fleet events (loads, evictions...) are counted
+  as new ones appear in the fleet's event log.
 - Latency histograms (queue wait, time to first token, inter-token latency,
   request duration) need
   every request, not a sample: they are observed from ``Finished.timings``
-  through ``AppState.observers`` when each accepted request ends. Drain
+  through ``AppState.observers`` when each accepted request ends, labelled
+  with the model that served it and the lane. Drain
   durations are observed from the snapshot's drain ring buffer as new closed
   drains appear.
 
@@ -28,6 +33,7 @@ from litestar import Controller, Response, get
 from litestar.di import Provide
 from prometheus_client import (
     CollectorRegistry,
+    Counter,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -44,6 +50,8 @@ from mlxd import __version__
 from mlxd.api.recent import inter_token_s
 from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.api.stats import NO_STORE, read_guard
+from mlxd.engine.fleet_view import STATES as MODEL_STATES
+from mlxd.engine.fleet_view import FleetView, ModelState
 from mlxd.engine.messages import Finished
 
 if TYPE_CHECKING:
@@ -150,43 +158,127 @@ def _ratio(part: float, whole: float) -> float:
 
 
 class SnapshotCollector(Collector):
-    """Gauges and counters read from one snapshot per scrape."""
+    """Gauges and counters read from each loaded chat model's snapshot, once per scrape.
 
-    def __init__(self, snapshot: Callable[[], Snapshot]):
-        self._snapshot = snapshot
+    Every series carries ``model`` (the registry id); a model that is not
+    loaded has no series. The runtime info and the cluster's series are the
+    daemon's, read from the default model's snapshot.
+    """
+
+    def __init__(
+        self, snapshots: Callable[[], dict[str, Snapshot]], primary: Callable[[], Snapshot]
+    ):
+        self._snapshots = snapshots
+        self._primary = primary
 
     def describe(self) -> list[Metric]:
         return []  # the names are fixed: no need to collect at registration
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot()
-        yield from _info_metrics(snap)
+        snaps = sorted(self._snapshots().items())
+        primary = self._primary()
+        yield from _info_metrics(snaps, primary)
+        label = ["model"]
         for name, doc, read in GAUGES:
-            yield GaugeMetricFamily(name, doc, value=read(snap))
+            family = GaugeMetricFamily(name, doc, labels=label)
+            for model, snap in snaps:
+                family.add_metric([model], read(snap))
+            yield family
         for name, doc, read in COUNTERS:
-            yield CounterMetricFamily(name, doc, value=read(snap))
+            family = CounterMetricFamily(name, doc, labels=label)
+            for model, snap in snaps:
+                family.add_metric([model], read(snap))
+            yield family
         state = GaugeMetricFamily(
-            "mlxd_engine_state", "1 for the engine's state.", labels=["state"]
+            "mlxd_engine_state", "1 for the engine's state.", labels=["model", "state"]
         )
-        for name in STATES:
-            state.add_metric([name], float(snap.state == name))
+        for model, snap in snaps:
+            for name in STATES:
+                state.add_metric([model, name], float(snap.state == name))
         yield state
         requests = CounterMetricFamily(
             "mlxd_requests",
             "Accepted requests that ended, by lane and outcome.",
-            labels=["lane", "outcome"],
+            labels=["model", "lane", "outcome"],
         )
-        for lane in LANES:
-            for outcome in OUTCOMES:
-                requests.add_metric([lane, outcome], snap.counters["requests"][lane][outcome])
+        for model, snap in snaps:
+            for lane in LANES:
+                for outcome in OUTCOMES:
+                    n = snap.counters["requests"][lane][outcome]
+                    requests.add_metric([model, lane, outcome], n)
         yield requests
-        for name, doc, key, label in LABELED_COUNTERS:
-            family = CounterMetricFamily(name, doc, labels=[label])
-            for value, n in sorted(snap.counters[key].items()):
-                family.add_metric([value], n)
+        for name, doc, key, key_label in LABELED_COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["model", key_label])
+            for model, snap in snaps:
+                for value, n in sorted(snap.counters[key].items()):
+                    family.add_metric([model, value], n)
             yield family
-        if snap.cluster is not None:
-            yield from _cluster_metrics(snap.cluster)
+        if primary.cluster is not None:
+            yield from _cluster_metrics(primary.cluster)
+
+
+# (name, help, value from a ModelState): one series per configured model.
+ModelReader = Callable[["ModelState"], float]
+
+MODEL_GAUGES: tuple[tuple[str, str, ModelReader], ...] = (
+    ("mlxd_model_loaded", "1 while the model is loaded (ready to serve), 0 otherwise.",
+     lambda m: float(m.state == "loaded")),
+    ("mlxd_model_pinned", "1 for a pinned model (never unloaded).", lambda m: float(m.pinned)),
+    ("mlxd_model_weights_bytes", "Bytes of weights the model holds in the memory budget.",
+     lambda m: m.weights_bytes),
+    ("mlxd_model_reserved_bytes",
+     "Bytes the model holds in the budget besides KV: weights plus its prompt-cache cap.",
+     lambda m: m.reserved_bytes),
+    ("mlxd_model_kv_bytes", "KV bytes the model holds in the memory budget.",
+     lambda m: m.kv_bytes),
+    ("mlxd_model_active_requests", "Requests holding the model (waiting, queued or running).",
+     lambda m: m.active),
+    ("mlxd_model_waiting_requests", "Requests waiting for the model to load.",
+     lambda m: m.waiting),
+    ("mlxd_model_load_seconds", "How long the model's last load took (0 before one).",
+     lambda m: m.load_seconds or 0.0),
+)  # fmt: skip
+
+
+class FleetCollector(Collector):
+    """The memory budget and every configured model's place in it, once per scrape."""
+
+    def __init__(self, view: Callable[[], FleetView]):
+        self._view = view
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._view()
+        yield GaugeMetricFamily(
+            "mlxd_memory_budget_bytes",
+            "Bytes every model shares ([memory] budget): weights, KV and prompt caches.",
+            value=view.budget_bytes,
+        )
+        yield GaugeMetricFamily(
+            "mlxd_memory_used_bytes", "Bytes of the memory budget held now.", value=view.used_bytes
+        )
+        yield GaugeMetricFamily(
+            "mlxd_memory_queue_length",
+            "Model loads waiting for memory.",
+            value=len(view.memory_queue),
+        )
+        models = sorted(view.models, key=lambda m: m.id)
+        for name, doc, read in MODEL_GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=["model"])
+            for m in models:
+                family.add_metric([m.id], read(m))
+            yield family
+        state = GaugeMetricFamily(
+            "mlxd_model_state",
+            "1 for the model's state, 0 for the others.",
+            labels=["model", "state"],
+        )
+        for m in models:
+            for name in MODEL_STATES:
+                state.add_metric([m.id, name], float(m.state == name))
+        yield state
 
 
 def _cluster_metrics(cluster: dict) -> Iterator[Metric]:
@@ -227,21 +319,24 @@ def _cluster_metrics(cluster: dict) -> Iterator[Metric]:
         yield family
 
 
-def _info_metrics(snap: Snapshot) -> Iterator[Metric]:
-    model, runtime = snap.model, snap.runtime
-    info = InfoMetricFamily("mlxd_model", "The served model (the value is always 1).")
-    info.add_metric(
-        [],
-        {
-            "model": model.name or "",
-            "family": model.family or "",
-            "context_length": str(model.context or ""),
-            "batchable": str(model.batchable).lower(),
-            "status": model.status,
-            "mode": snap.mode,
-        },
-    )
+def _info_metrics(snaps: list[tuple[str, Snapshot]], primary: Snapshot) -> Iterator[Metric]:
+    info = InfoMetricFamily("mlxd_model", "Each loaded chat model (the value is always 1).")
+    for model_id, snap in snaps:
+        model = snap.model
+        info.add_metric(
+            [],
+            {
+                "model": model_id,
+                "name": model.name or "",
+                "family": model.family or "",
+                "context_length": str(model.context or ""),
+                "batchable": str(model.batchable).lower(),
+                "status": model.status,
+                "mode": snap.mode,
+            },
+        )
     yield info
+    runtime = primary.runtime
     info = InfoMetricFamily("mlxd_runtime", "What the daemon runs on (the value is always 1).")
     info.add_metric(
         [],
@@ -256,16 +351,20 @@ def _info_metrics(snap: Snapshot) -> Iterator[Metric]:
 
 
 class Metrics:
-    """One app's registry: the snapshot collector plus the request histograms."""
+    """One app's registry: the snapshot and fleet collectors plus the request histograms."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot]):
-        self._snapshot = snapshot
+    def __init__(self, state: AppState):
+        self._state = state
         self._lock = threading.Lock()
-        self._drains_seen = 0
+        # Per model: the id of the last closed drain observed.
+        self._drains_seen: dict[str, int] = {}
+        # The fleet events already counted (the fleet keeps the last 100).
+        self._events_seen: dict[tuple[str, str], int] = {}
         # ``*_created`` series double the histogram series for no use here.
         disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(snapshot))
+        self.registry.register(SnapshotCollector(self.snapshots, self._primary))
+        self.registry.register(FleetCollector(state.fleet.view))
         hist = self._histogram
         self.queue_wait = hist(
             "mlxd_queue_wait_seconds", "Arrival to admission, per completed request.", QUEUE_BUCKETS
@@ -285,6 +384,7 @@ class Metrics:
         self.drain = Histogram(
             "mlxd_drain_duration_seconds",
             "How long each closed drain paused batch admission.",
+            ["model"],
             buckets=DRAIN_BUCKETS,
             registry=self.registry,
         )
@@ -297,42 +397,75 @@ class Metrics:
         )
         for cache in ("cold", "hit"):
             self.compile.labels(cache)
+        self.model_events = Counter(
+            "mlxd_model_events",
+            "Fleet events by model and kind: loaded, load_failed, unloaded (by an admin), "
+            "evicted (for memory), idle (keep_alive), removed, added, pinned, unpinned.",
+            ["model", "kind"],
+            registry=self.registry,
+        )
+        # Export zeros for the configured chat models before their first request.
+        for m in state.fleet.view().models:
+            if m.kind == "chat":
+                self._zeros(m.id)
+
+    def snapshots(self) -> dict[str, Snapshot]:
+        """The engine snapshot of each loaded chat model, by id."""
+        fleet = self._state.fleet
+        loaded = {m.id for m in fleet.view().models if m.state == "loaded"}
+        return {i: snap for i, snap in fleet.snapshots().items() if i in loaded}
+
+    def _primary(self) -> Snapshot:
+        return self._state.engine.snapshot()
 
     def observe_compile(self, seconds: float, cached: bool) -> None:
         """``AppState`` compile observer: one grammar prepared for a request."""
         self.compile.labels("hit" if cached else "cold").observe(max(seconds, 0.0))
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-        histogram = Histogram(name, doc, ["lane"], buckets=buckets, registry=self.registry)
-        for lane in LANES:  # export zeros before the first request, for dashboards
-            histogram.labels(lane)
-        return histogram
+        return Histogram(name, doc, ["model", "lane"], buckets=buckets, registry=self.registry)
+
+    def _zeros(self, model: str) -> None:
+        for histogram in (self.queue_wait, self.ttft, self.latency, self.itl):
+            for lane in LANES:  # export zeros before the first request, for dashboards
+                histogram.labels(model, lane)
 
     def observe(self, accepted: Accepted, outcome: Finished | Failed) -> None:
         """``AppState`` observer: record a completed request's timings."""
         if not isinstance(outcome, Finished):
             return
         t = outcome.timings
-        lane = accepted.lane
-        self.queue_wait.labels(lane).observe(max(t.queue_s, 0.0))
-        self.latency.labels(lane).observe(max(t.total_s, 0.0))
+        labels = (accepted.model, accepted.lane)
+        self.queue_wait.labels(*labels).observe(max(t.queue_s, 0.0))
+        self.latency.labels(*labels).observe(max(t.total_s, 0.0))
         if t.ttft_s is not None:
-            self.ttft.labels(lane).observe(max(t.ttft_s, 0.0))
+            self.ttft.labels(*labels).observe(max(t.ttft_s, 0.0))
         itl = inter_token_s(outcome)
         if itl is not None:
-            self.itl.labels(lane).observe(itl)
+            self.itl.labels(*labels).observe(itl)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of everything, as of now."""
         with self._lock:
-            self._observe_drains(self._snapshot())
+            for model, snap in self.snapshots().items():
+                self._observe_drains(model, snap)
+            self._count_events(self._state.fleet.view())
             return generate_latest(self.registry)
 
-    def _observe_drains(self, snap: Snapshot) -> None:
-        closed = [d for d in snap.drains if d.ended_at is not None and d.id > self._drains_seen]
+    def _observe_drains(self, model: str, snap: Snapshot) -> None:
+        seen = self._drains_seen.get(model, 0)
+        closed = [d for d in snap.drains if d.ended_at is not None and d.id > seen]
         for event in sorted(closed, key=lambda d: d.id):
-            self.drain.observe(event.paused_s or 0.0)
-            self._drains_seen = event.id
+            self.drain.labels(model).observe(event.paused_s or 0.0)
+            self._drains_seen[model] = event.id
+
+    def _count_events(self, view: FleetView) -> None:
+        """Add the fleet events counted since the last scrape."""
+        for model, kind, total in view.event_totals:
+            seen = self._events_seen.get((model, kind), 0)
+            if total > seen:
+                self.model_events.labels(model, kind).inc(total - seen)
+                self._events_seen[(model, kind)] = total
 
 
 _installed: weakref.WeakKeyDictionary[AppState, Metrics] = weakref.WeakKeyDictionary()
@@ -348,7 +481,7 @@ def install_metrics(state: AppState) -> Metrics:
     with _install_lock:
         metrics = _installed.get(state)
         if metrics is None:
-            metrics = Metrics(state.engine.snapshot)
+            metrics = Metrics(state)
             state.observers.append(metrics.observe)
             state.compile_observers.append(metrics.observe_compile)
             _installed[state] = metrics

@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import logging
 import re
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -247,6 +248,9 @@ async def generate(
             watcher.cancel()  # the streaming response listens for disconnects itself
             headers["Cache-Control"] = "no-cache"
             body = _sse(handle, output, done, lease)
+            # A stream the client left before its first byte is never iterated,
+            # so its finally never runs: release the lease when it is collected.
+            weakref.finalize(body, lease.release)
             return Stream(body, media_type="text/event-stream", headers=headers)
         async for event in handle.events():
             if isinstance(event, Delta):

@@ -40,6 +40,7 @@ from mlxd.api.stats import NO_STORE, StatsController
 from mlxd.config import Settings
 from mlxd.dashboard import logtail, procmem, views
 from mlxd.dashboard.editor import EditorController
+from mlxd.dashboard.model_actions import ModelActionsController, panel_state
 from mlxd.dashboard.templating import render
 from mlxd.paths import static_dir
 
@@ -94,9 +95,10 @@ def _login_page(
 # ---------------------------------------------------------------- controllers
 
 
-def _state(request: Request, mlxd: AppState) -> tuple[dict[str, Any], float]:
+def _state(request: Request, mlxd: AppState, *, fleet: bool = True) -> tuple[dict[str, Any], float]:
     """The snapshot as a dict, plus what the HTTP side knows: recent latency, the
-    process's memory and, for admins only, the log tail."""
+    process's memory, the fleet of models and, for admins only, the log tail and
+    the models panel's buttons."""
     now = time.time()
     snapshot = mlxd.engine.snapshot().as_dict(now)
     snapshot["latency"] = install_recent(mlxd).view(now)
@@ -104,6 +106,8 @@ def _state(request: Request, mlxd: AppState) -> tuple[dict[str, Any], float]:
     snapshot["process"] = {"rss_bytes": rss_bytes, "rss_label": rss_label}
     admin = can_admin(request, mlxd.settings)
     snapshot["log_tail"] = [asdict(e) for e in logtail.TAIL.entries()] if admin else None
+    if fleet:  # only the models panel reads it
+        snapshot |= panel_state(request, mlxd, admin)
     return snapshot, now
 
 
@@ -127,7 +131,7 @@ class DashboardController(Controller):
     async def region(self, request: Request, mlxd: Mlxd) -> Response[str]:
         """One region's partial: its root element, ready to replace itself (outerHTML)."""
         region = request.url.path.rstrip("/").rsplit("/", 1)[-1]
-        snapshot, now = _state(request, mlxd)
+        snapshot, now = _state(request, mlxd, fleet=region == "models")
         return render(f"partials/{region}.html", v=views.region_view(region, snapshot, now))
 
 
@@ -182,6 +186,7 @@ def route_handlers() -> list:
         root,
         DashboardController,
         EditorController,
+        ModelActionsController,
         LoginController,
         StatsController,
         MetricsController,

@@ -85,6 +85,7 @@ class Fleet(RegistryReload):
         self.pool = MemoryPool(budget_bytes(settings, device_bytes))
         self.slots: dict[str, Slot] = {}
         self._events: deque[FleetEvent] = deque(maxlen=100)
+        self._event_totals: dict[tuple[str, str], int] = {}
         self._memory_queue: deque[Slot] = deque()
         self._changed: asyncio.Event | None = None
         self._ticker: asyncio.Task | None = None
@@ -205,6 +206,18 @@ class Fleet(RegistryReload):
                 return
             if slot.state == "failed" and time.time() - slot.failed_at < _RETRY_AFTER_FAILURE_S:
                 raise FleetRefusal(self._load_failure(slot))
+            waiting = sum(s.waiting for s in self.slots.values())
+            limit = self.settings.limits.max_queued
+            if waiting >= limit:
+                raise FleetRefusal(
+                    Failed(
+                        "queue_full",
+                        f"{waiting} requests already wait for models to load "
+                        f"([limits] max_queued = {limit}); retry shortly.",
+                        429,
+                        retry_after=5,
+                    )
+                )
             if slot.task is None or slot.task.done():
                 self._spawn_load(slot)
             slot.waiting += 1
@@ -319,7 +332,8 @@ class Fleet(RegistryReload):
                         return
                     victim = self._victim(slot)
                     if victim is not None:
-                        await self._unload(victim, "evicted", f"to make room for {slot.id}")
+                        detail = f"to make room for {slot.id}"
+                        await asyncio.shield(self._unloading(victim, "evicted", detail))
                         continue
                     slot.wait_reason = self._wait_reason(need)
                 else:
@@ -351,6 +365,13 @@ class Fleet(RegistryReload):
 
     # ------------------------------------------------------------ unloading
 
+    def _unloading(self, slot: Slot, kind: str, detail: str = "") -> asyncio.Future:
+        """Start unloading ``slot`` as its task: its requests wait for it, then load again."""
+        slot.state = "unloading"
+        slot.task = asyncio.ensure_future(self._unload(slot, kind, detail))
+        slot.task.add_done_callback(swallow_failure)
+        return slot.task
+
     async def _unload(self, slot: Slot, kind: str, detail: str = "") -> None:
         """Let ``slot``'s requests finish, then unload it and free its bytes."""
         slot.state = "unloading"
@@ -378,10 +399,7 @@ class Fleet(RegistryReload):
             if slot.state != "loaded" or slot.pinned or keep == "forever" or slot.busy:
                 continue
             if now - (slot.last_used or now) >= float(keep):
-                slot.task = asyncio.ensure_future(
-                    self._unload(slot, "idle", f"unused for {float(keep):g}s (keep_alive)")
-                )
-                slot.task.add_done_callback(swallow_failure)
+                self._unloading(slot, "idle", f"unused for {float(keep):g}s (keep_alive)")
 
     # ------------------------------------------------------------ admin
 
@@ -400,8 +418,7 @@ class Fleet(RegistryReload):
             with contextlib.suppress(Exception):
                 await asyncio.shield(slot.task)
         if slot.state == "loaded":
-            slot.task = asyncio.ensure_future(self._unload(slot, "unloaded", "by an admin"))
-            await asyncio.shield(slot.task)
+            await asyncio.shield(self._unloading(slot, "unloaded", "by an admin"))
         return self._state(slot)
 
     async def pin(self, model_id: str, on: bool) -> ModelState:
@@ -436,6 +453,7 @@ class Fleet(RegistryReload):
             models=tuple(self._state(s) for s in self.slots.values()),
             events=tuple(self._events),
             memory_queue=tuple(s.id for s in self._memory_queue),
+            event_totals=tuple((m, k, n) for (m, k), n in self._event_totals.items()),
         )
 
     def snapshots(self) -> dict[str, Any]:
@@ -454,6 +472,8 @@ class Fleet(RegistryReload):
 
     def _event(self, model_id: str, kind: str, detail: str = "") -> None:
         self._events.append(FleetEvent(time.time(), model_id, kind, detail))
+        key = (model_id, kind)
+        self._event_totals[key] = self._event_totals.get(key, 0) + 1
 
     def _notify(self) -> None:
         if self._changed is not None:

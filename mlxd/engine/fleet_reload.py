@@ -95,7 +95,7 @@ class RegistryReload:
         if before.kind != entry.kind:
             # A different kind is a different engine: unload, then start over.
             if slot.state == "loaded":
-                await self._unload(slot, "unloaded", "its kind changed")
+                await asyncio.shield(self._unloading(slot, "unloaded", "its kind changed"))
             if slot.engine is not None:
                 await asyncio.to_thread(slot.engine.stop)
             slot.engine = None
@@ -114,7 +114,7 @@ class RegistryReload:
                 self._event(slot.id, "loaded", "swapped by a reload")
             await asyncio.wrap_future(engine.call(lambda core: core.apply(slot.settings)))
         elif swap and slot.state == "loaded":
-            await self._unload(slot, "unloaded", "its path changed")
+            await asyncio.shield(self._unloading(slot, "unloaded", "its path changed"))
             self._spawn_load(slot)
         if slot.pinned and slot.state in ("unloaded", "failed"):
             self._spawn_load(slot)
@@ -143,7 +143,7 @@ class RegistryReload:
             with contextlib.suppress(Exception):
                 await asyncio.shield(slot.task)
         if slot.state == "loaded":
-            await self._unload(slot, "removed", "by a reload")
+            await asyncio.shield(self._unloading(slot, "removed", "by a reload"))
         engine, slot.engine = slot.engine, None
         if engine is not None:
             await asyncio.to_thread(engine.stop)

@@ -83,6 +83,8 @@ class FleetView:
     events: tuple[FleetEvent, ...]
     # Loads waiting for memory, first in line first.
     memory_queue: tuple[str, ...] = ()
+    # Every event since start, counted: (model, kind, count).
+    event_totals: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def free_bytes(self) -> int:
