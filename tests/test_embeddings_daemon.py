@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 
 import httpx
 import numpy as np
@@ -347,6 +348,50 @@ def test_an_embedding_model_shares_the_memory_budget_with_chat(
             events = http.get("/stats").json()["fleet"]["events"]
             evicted = [e["model"] for e in events if e["kind"] == "evicted"]
             assert "chat" in evicted and "emb" in evicted, events
+        assert d.stop() == 0, d.log()[-3000:]
+    finally:
+        d.stop()
+
+
+def test_a_reload_adds_and_removes_the_embedding_model(tmp_path, tiny_models, tiny_embedding_model):
+    both = registry(tiny_models, tiny_embedding_model)
+    chat_only = {"chat": both["chat"]}
+    d = Daemon(tmp_path / "d", toml_config(models=chat_only)).start()
+    try:
+        with d.client() as http:
+            assert_error(
+                http.post("/v1/embeddings", json={"model": "emb", "input": "x"}),
+                404,
+                "model_not_found",
+            )
+            d.write_config(toml_config(models=both))
+            assert d.reload().status_code == 200
+            ok = http.post("/v1/embeddings", json={"model": "emb", "input": ["x", "y"]})
+            assert ok.status_code == 200, ok.text
+            assert len(ok.json()["data"]) == 2
+            d.write_config(toml_config(models=chat_only))
+            assert d.reload().status_code == 200
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                ids = [m["id"] for m in http.get("/v1/models").json()["data"]]
+                if "emb" not in ids:
+                    break
+                time.sleep(0.2)
+            assert "emb" not in ids
+            assert_error(
+                http.post("/v1/embeddings", json={"model": "emb", "input": "x"}),
+                404,
+                "model_not_found",
+            )
+            chat = http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "chat",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2,
+                },
+            )
+            assert chat.status_code == 200, chat.text
         assert d.stop() == 0, d.log()[-3000:]
     finally:
         d.stop()
