@@ -395,3 +395,32 @@ def test_a_reload_adds_and_removes_the_embedding_model(tmp_path, tiny_models, ti
         assert d.stop() == 0, d.log()[-3000:]
     finally:
         d.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the fleet does not hand a reloaded entry's settings to a loaded embedding engine "
+    "yet (fleet_reload._change: EmbeddingEngine.apply(slot.settings) is never called)",
+)
+def test_a_reload_changes_the_batch_size_of_a_loaded_embedding_model(
+    tmp_path, tiny_models, tiny_embedding_model
+):
+    models = registry(tiny_models, tiny_embedding_model)
+    d = Daemon(tmp_path / "d", toml_config(models=models)).start()
+    try:
+        with d.client() as http:
+            assert (
+                http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).status_code == 200
+            )
+
+            def limit() -> int:
+                fleet = http.get("/stats").json()["fleet"]["models"]
+                return next(m for m in fleet if m["id"] == "emb")["engine"]["batch_limit"]
+
+            assert limit() == 4
+            models["emb"]["batch"] = {"size": 2}
+            d.write_config(toml_config(models=models))
+            assert d.reload().status_code == 200
+            assert limit() == 2
+    finally:
+        d.stop()
