@@ -424,3 +424,35 @@ def test_a_reload_changes_the_batch_size_of_a_loaded_embedding_model(
             assert limit() == 2
     finally:
         d.stop()
+
+
+def test_metrics_count_embeddings_per_model(http, client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape() -> dict[tuple[str, tuple], float]:
+        text = http.get("/metrics").text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text)
+            if f.name.startswith("mlxd_embedding")
+            for s in f.samples
+        }
+
+    client.embeddings.create(model="emb", input="warm up")
+    before = scrape()
+    response = client.embeddings.create(model="emb", input=TEXTS)
+    http.post("/v1/embeddings", json={"model": "emb", "input": [[2, 999]]})  # refused: 400
+    after = scrape()
+    emb = (("model", "emb"),)
+
+    def grew(name: str, labels=emb) -> float:
+        return after[(name, labels)] - before[(name, labels)]
+
+    assert grew("mlxd_embedding_inputs_total") == 3
+    assert grew("mlxd_embedding_tokens_total") == response.usage.prompt_tokens
+    assert grew("mlxd_embedding_requests_total", (("model", "emb"), ("outcome", "served"))) == 1
+    # The refusal came from the HTTP side's checks: it never reached the engine's counts.
+    assert grew("mlxd_embedding_requests_total", (("model", "emb"), ("outcome", "failed"))) == 0
+    assert grew("mlxd_embedding_forward_passes_total") >= 1
+    assert 1 <= after[("mlxd_embedding_last_batch_size", emb)] <= 4
+    assert after[("mlxd_embedding_queued_requests", emb)] == 0
