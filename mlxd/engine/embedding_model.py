@@ -196,6 +196,8 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
     pad = config.get("pad_token_id")
     if not isinstance(pad, int):
         pad = hf.pad_token_id if isinstance(hf.pad_token_id, int) else 0
+    if not 0 <= pad < vocab:
+        pad = 0  # padding is masked out; it only has to index the embedding table
     chars, words = size_bounds(hf)
     encode = make_encoder(tokenizer)
     probe = encode(["mlxd"])[0]
