@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +64,20 @@ def load_settings(
 
 
 def _placed(issue: ConfigIssue, text: str | None) -> ConfigIssue:
-    """``issue`` with the line its key is written on (``[models.x] default``)."""
-    table, _, key = issue.key.partition(" ")
-    loc = [p for p in table.strip("[]").split(".") if p] + ([key] if key else [])
-    return ConfigIssue(issue.key, issue.reason, _line_of(text, loc))
+    """``issue`` with the line its key is written on, else its table's line."""
+    match = re.match(r"^\[([^\]]*)\](?: (.*))?$", issue.key)
+    if match is None:
+        return issue
+    table, key = match.groups()
+    loc = [p.strip().strip("\"'") for p in table.split(".") if p] + ([key] if key else [])
+    line = _line_of(text, loc) or _line_of(text, loc[:-1] if key else loc)
+    if line is None and text:  # a table of tables ([models]): its first sub-table
+        prefix = f"[{table}."
+        line = next(
+            (n for n, raw in enumerate(text.splitlines(), 1) if raw.strip().startswith(prefix)),
+            None,
+        )
+    return ConfigIssue(issue.key, issue.reason, line)
 
 
 def dump_toml(settings: Settings, *, reveal_secrets: bool = False) -> str:

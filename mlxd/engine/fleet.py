@@ -166,7 +166,7 @@ class Fleet(RegistryReload):
             raise FleetRefusal(
                 Failed(
                     "model_not_found",
-                    f"The model '{name}' does not exist. This server serves "
+                    f"The model '{name or ''}' does not exist. This server serves "
                     + (", ".join(f"'{i}'" for i in ids) or f"no {kind} models")
                     + " (see /v1/models).",
                     404,
@@ -220,9 +220,11 @@ class Fleet(RegistryReload):
                 )
             if slot.task is None or slot.task.done():
                 self._spawn_load(slot)
+            if slot.task is None:  # a start-up load the fleet's task has not picked up yet
+                await self._wait_change()
+                continue
             slot.waiting += 1
             try:
-                assert slot.task is not None
                 await asyncio.shield(slot.task)
             finally:
                 slot.waiting -= 1
