@@ -27,7 +27,7 @@ $(VENV)/.serve-ok: $(VENV)/.python-ok pyproject.toml
 	@touch $@
 
 $(VENV)/.test-ok: $(VENV)/.serve-ok
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,embeddings]'
 	@touch $@
 
 # Your own copy of the example config: edit it and reload (mlxd reload

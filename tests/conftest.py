@@ -11,7 +11,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest_tiny import tiny_loaded, tiny_model_path, tiny_models  # noqa: F401
+from conftest_tiny import (  # noqa: F401
+    tiny_embedding_model,
+    tiny_loaded,
+    tiny_model_path,
+    tiny_models,
+)
 
 CHROMIUM = os.environ.get("MLXD_CHROMIUM", "/usr/bin/chromium")
 # Headless flags for Debian's Chromium as root on a machine with no network

@@ -11,6 +11,8 @@ Fixtures:
 - ``tiny_loaded`` (session): a factory with the same arguments returning
   ``(model, tokenizer)`` from the real ``mlx_lm.load``, loaded once per session and shared
   (models are stateless between calls: the prompt caches live outside them).
+- ``tiny_embedding_model`` (session): the path of the tiny random-weight BERT embedding
+  model (``tests/tinyembed.py``), ready for ``mlx_embeddings.utils.load(path)``.
 - ``tiny_model_path`` (function): one model directory, chosen by indirect parametrization
   (``"llama"`` when not parametrized)::
 
@@ -31,7 +33,7 @@ from typing import Any
 import pytest
 from tinymodels import tiny_model_dir
 
-__all__ = ["tiny_loaded", "tiny_model_path", "tiny_models"]
+__all__ = ["tiny_embedding_model", "tiny_loaded", "tiny_model_path", "tiny_models"]
 
 TinyModels = Callable[..., Path]
 TinyLoaded = Callable[..., tuple[Any, Any]]
@@ -71,3 +73,11 @@ def tiny_loaded(tiny_models: TinyModels) -> TinyLoaded:
 def tiny_model_path(request: pytest.FixtureRequest, tiny_models: TinyModels) -> Path:
     """The model dir for the family given by indirect parametrization (default llama)."""
     return tiny_models(getattr(request, "param", "llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_embedding_model() -> Path:
+    """The tiny BERT embedding model's directory (built once, cached by content hash)."""
+    from tinyembed import tiny_embedding_dir
+
+    return tiny_embedding_dir()

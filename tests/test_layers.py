@@ -64,6 +64,8 @@ def test_http_side_imports_no_mlx(path):
         "mlxd.engine.drain",
         "mlxd.engine.checks",  # pure: request values against ModelInfo
         "mlxd.engine.structure",
+        "mlxd.engine.embedding_messages",  # plain values of the embedding engine
+        "mlxd.engine.embedding_checks",  # pure: embedding inputs against EmbeddingInfo
         "mlxd.engine.fleet_view",  # plain views of the models, and the fleet's refusals
     }
     bad = {
@@ -86,7 +88,8 @@ def test_importing_the_http_side_loads_no_mlx():
 
 def test_importing_the_engine_creates_no_mlx_arrays():
     code = (
-        "import gc, mlx.core as mx, mlxd.engine.engine, mlxd.engine.core, mlxd.engine.model;"
+        "import gc, mlx.core as mx, mlxd.engine.engine, mlxd.engine.core, mlxd.engine.model,"
+        " mlxd.engine.embedding, mlxd.engine.embedding_model;"
         "n = sum(isinstance(o, mx.array) for o in gc.get_objects()); print(n)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

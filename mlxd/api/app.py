@@ -10,6 +10,7 @@ from litestar.exceptions import HTTPException
 
 from mlxd.api.admin import AdminController
 from mlxd.api.anthropic import MessagesController
+from mlxd.api.embeddings import EmbeddingsController
 from mlxd.api.errors import (
     OpenAIError,
     http_error_handler,
@@ -52,6 +53,7 @@ def make_app(state: AppState, *, extra_route_handlers: list | None = None) -> Li
     app = Litestar(
         route_handlers=[
             OpenAIController,
+            EmbeddingsController,
             ResponsesController,
             MessagesController,
             HealthController,

@@ -279,6 +279,42 @@ class FleetCollector(Collector):
             for name in MODEL_STATES:
                 state.add_metric([m.id, name], float(m.state == name))
         yield state
+        yield from _embedding_metrics(models)
+
+
+# Counters of a loaded embedding model's engine (EmbeddingSnapshot), since its load.
+EMBEDDING_COUNTERS = (
+    ("mlxd_embedding_inputs", "Inputs embedded (strings or token lists).", "inputs_embedded"),
+    ("mlxd_embedding_tokens", "Tokens embedded, special tokens included.", "tokens_embedded"),
+    ("mlxd_embedding_forward_passes", "Forward passes run.", "forward_passes"),
+)
+
+
+def _embedding_metrics(models: list[ModelState]) -> Iterator[Metric]:
+    """Each loaded embedding model's counts; the families are there (empty) without one."""
+    loaded = [m for m in models if m.kind == "embedding" and m.engine]
+    requests = CounterMetricFamily(
+        "mlxd_embedding_requests",
+        "Embedding requests answered with vectors (served) or refused and failed (failed).",
+        labels=["model", "outcome"],
+    )
+    for m in loaded:
+        requests.add_metric([m.id, "served"], m.engine.get("requests_served", 0))
+        requests.add_metric([m.id, "failed"], m.engine.get("requests_failed", 0))
+    yield requests
+    for name, doc, key in EMBEDDING_COUNTERS:
+        family = CounterMetricFamily(name, doc, labels=["model"])
+        for m in loaded:
+            family.add_metric([m.id], m.engine.get(key, 0))
+        yield family
+    for name, doc, key in (
+        ("mlxd_embedding_queued_requests", "Requests waiting to be embedded.", "queued"),
+        ("mlxd_embedding_last_batch_size", "Inputs in the latest forward pass.", "last_batch_size"),
+    ):
+        gauge = GaugeMetricFamily(name, doc, labels=["model"])
+        for m in loaded:
+            gauge.add_metric([m.id], m.engine.get(key, 0))
+        yield gauge
 
 
 def _cluster_metrics(cluster: dict) -> Iterator[Metric]:
