@@ -397,11 +397,6 @@ def test_a_reload_adds_and_removes_the_embedding_model(tmp_path, tiny_models, ti
         d.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the fleet does not hand a reloaded entry's settings to a loaded embedding engine "
-    "yet (fleet_reload._change: EmbeddingEngine.apply(slot.settings) is never called)",
-)
 def test_a_reload_changes_the_batch_size_of_a_loaded_embedding_model(
     tmp_path, tiny_models, tiny_embedding_model
 ):

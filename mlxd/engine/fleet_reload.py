@@ -116,6 +116,8 @@ class RegistryReload:
         elif swap and slot.state == "loaded":
             await asyncio.shield(self._unloading(slot, "unloaded", "its path changed"))
             self._spawn_load(slot)
+        elif slot.engine is not None:  # an embedding model: its batch size, live
+            slot.engine.apply(slot.settings)
         if slot.pinned and slot.state in ("unloaded", "failed"):
             self._spawn_load(slot)
         return None
