@@ -162,6 +162,7 @@ def test_v1_models_lists_the_embedding_model(http, client):
     models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
     assert models["emb"]["kind"] == "embedding" and models["emb"]["state"] == "loaded"
     assert models["emb"]["dimensions"] == DIMS
+    assert models["emb"]["vocab_size"] > 0 and models["emb"]["supports_dimensions"] is not None
     assert models["chat"]["kind"] == "chat"
 
 

@@ -397,4 +397,7 @@ def model_json(model: ModelState) -> dict[str, Any]:
     elif model.kind == "embedding" and caps:
         out["dimensions"] = caps.get("dimensions")
         out["context_length"] = caps.get("context_length")
+        out["vocab_size"] = caps.get("vocab_size")
+        # Whether a request's `dimensions` may shorten the vectors (Matryoshka models).
+        out["supports_dimensions"] = caps.get("supports_dimensions", False)
     return out
