@@ -32,7 +32,7 @@ from mlxd.config import ModelSettings, Settings
 from mlxd.engine.channel import Channel, RequestHandle
 from mlxd.engine.cluster import PeerLost
 from mlxd.engine.core import EngineCore
-from mlxd.engine.intake import IntakeError, Prepared, prepare, tokenize
+from mlxd.engine.intake_thread import Intaken, IntakeThread
 from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Constraint, Failed, GenerationRequest, ModelInfo
 from mlxd.engine.model import LoadedModel, ModelLoadError, load_model
@@ -65,24 +65,6 @@ class _Submit:
 
 
 @dataclass(frozen=True)
-class _Prepared:
-    """A submitted request back from the intake thread, tokenized by ``loaded``."""
-
-    submit: _Submit
-    prepared: Prepared | Failed
-    loaded: LoadedModel
-
-
-@dataclass(frozen=True)
-class _Count:
-    """A count_tokens job for the intake thread."""
-
-    request: GenerationRequest
-    loaded: LoadedModel
-    future: concurrent.futures.Future
-
-
-@dataclass(frozen=True)
 class _Cancel:
     request_id: str
 
@@ -108,16 +90,6 @@ def _forget_engine_thread_arrays() -> None:
     mx.random.seed(time.time_ns() & 0xFFFFFFFF)
     mx.eval(mx.random.state)
     gc.collect()
-
-
-def _count(job: _Count) -> int | Failed:
-    try:
-        return len(tokenize(job.loaded, job.request))
-    except IntakeError as exc:
-        return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]
-    except Exception as exc:  # a bug: answer this count alone
-        logger.exception("counting the tokens of %s failed", job.request.id)
-        return Failed("generation_error", f"could not count the tokens: {exc}", 500)
 
 
 class Engine:
@@ -184,12 +156,9 @@ class Engine:
         self._generation = 0
         self._thread = threading.Thread(target=self._run, name=f"mlxd-engine{suffix}", daemon=True)
         # Requests handed to the intake thread, by id (engine thread only).
-        self._intake_jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._intaking: dict[str, _Submit] = {}
         self._cancelled_in_intake: set[str] = set()
-        self._intake_thread = threading.Thread(
-            target=self._intake_loop, name=f"mlxd-intake{suffix}", daemon=True
-        )
+        self._intake = IntakeThread(f"mlxd-intake{suffix}", self._inbox.put)
         self._snapshot = build_snapshot(self._core, state="starting")
         self.model_info: ModelInfo | None = None
         # The loaded model's grammar compiler (no MLX state; thread-safe).
@@ -199,7 +168,7 @@ class Engine:
 
     def start(self) -> None:
         """Start the engine thread (it loads the model itself) and the intake thread."""
-        self._intake_thread.start()
+        self._intake.start()
         self._thread.start()
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
@@ -284,7 +253,7 @@ class Engine:
             if core.loaded is None:
                 future.set_result(Failed("model_not_loaded", "No model is loaded yet.", 503))
             else:
-                self._intake_jobs.put(_Count(request, core.loaded, future))
+                self._intake.count(request, core.loaded, future)
 
         def engine_gone(call: concurrent.futures.Future[None]) -> None:
             if call.exception() is not None and not future.done():
@@ -318,7 +287,7 @@ class Engine:
         """Stop the engine: in-flight requests end with an error, the thread exits."""
         self._stop.set()
         self._inbox.put(None)
-        self._intake_jobs.put(None)
+        self._intake.stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
         if not self._thread.is_alive():
@@ -501,7 +470,7 @@ class Engine:
                 messages.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        if block and isinstance(first, _Submit | _Prepared):
+        if block and isinstance(first, _Submit | Intaken):
             messages += self._burst()
         if not defer_calls and self._deferred:
             messages = [*self._deferred, *messages]
@@ -511,7 +480,7 @@ class Engine:
                 continue
             if isinstance(message, _Submit):
                 self._hand_to_intake(message)
-            elif isinstance(message, _Prepared):
+            elif isinstance(message, Intaken):
                 self._prepared(message)
             elif isinstance(message, _Cancel):
                 if message.request_id in self._intaking:
@@ -532,9 +501,9 @@ class Engine:
             return
         self._intaking[submit.request.id] = submit
         core.intaking = len(self._intaking)
-        self._intake_jobs.put((submit, core.loaded, core.settings, core.budget_bytes))
+        self._intake.prepare(submit, core.loaded, core.settings, core.budget_bytes)
 
-    def _prepared(self, message: _Prepared) -> None:
+    def _prepared(self, message: Intaken) -> None:
         core = self._core
         request_id = message.submit.request.id
         self._intaking.pop(request_id, None)
@@ -546,23 +515,6 @@ class Engine:
         # Tokenized by a model that has been swapped out since: prepare again.
         prepared = message.prepared if message.loaded is core.loaded else None
         core.intake(message.submit.request, message.submit.channel, prepared)
-
-    def _intake_loop(self) -> None:
-        """The intake thread: tokenize and check requests, hand them back."""
-        while True:
-            job = self._intake_jobs.get()
-            if job is None:
-                return
-            if isinstance(job, _Count):
-                job.future.set_result(_count(job))
-                continue
-            submit, loaded, settings, budget = job
-            try:
-                prepared: Prepared | Failed = prepare(loaded, submit.request, settings, budget)
-            except Exception as exc:  # a bug: report it on this request alone
-                logger.exception("preparing %s failed", submit.request.id)
-                prepared = Failed("generation_error", f"could not prepare the request: {exc}", 500)
-            self._inbox.put(_Prepared(submit, prepared, loaded))
 
     def _burst(self) -> list[Any]:
         """The rest of a burst: messages until the inbox is quiet (see _BURST_QUIET_S)."""
