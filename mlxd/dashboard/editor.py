@@ -25,8 +25,6 @@ from litestar.di import Provide
 from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
-from mlxd.api.access import admin_refusal, can_admin
-from mlxd.api.admin import same_origin
 from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.api.stats import NO_STORE
 from mlxd.config import dump_toml
@@ -41,6 +39,7 @@ from mlxd.dashboard.editview import (
     secrets_in,
 )
 from mlxd.dashboard.quick import quick_controls, quick_edit, quick_values
+from mlxd.dashboard.refused import DashboardRefused, require_admin
 from mlxd.dashboard.templating import environment
 from mlxd.reload import check, reload_from_file
 
@@ -52,20 +51,8 @@ TRIGGER = "dashboard"
 APPLIED_EVENT = "config-applied"  # HX-Trigger: the page refreshes its status bar
 
 
-class EditorRefused(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 def editor_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    settings = connection.app.state.mlxd.settings
-    if not can_admin(connection, settings):
-        status = 403 if settings.server.admin_token is None else 401
-        raise EditorRefused(status, admin_refusal(settings))
-    if connection.method not in ("GET", "HEAD") and not same_origin(connection):
-        raise EditorRefused(403, "cross-site requests to the editor are refused")
+    require_admin(connection, "editor")
 
 
 # ---------------------------------------------------------------- rendering
@@ -100,7 +87,7 @@ def _refusal(request: Request, status: int, message: str) -> Response[str]:
     return _page(request, {"refused": message, "login": login, "result": result}, status)
 
 
-def _on_refused(request: Request, exc: EditorRefused) -> Response[str]:
+def _on_refused(request: Request, exc: DashboardRefused) -> Response[str]:
     return _refusal(request, exc.status, exc.message)
 
 
@@ -272,7 +259,7 @@ class EditorController(Controller):
     path = "/dashboard/config"
     guards = [editor_guard]
     dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
-    exception_handlers = {EditorRefused: _on_refused, PermissionDeniedException: _on_csrf}
+    exception_handlers = {DashboardRefused: _on_refused, PermissionDeniedException: _on_csrf}
     request_max_body_size = MAX_FORM_BYTES
 
     @get("/")

@@ -24,12 +24,12 @@ from litestar.di import Provide
 from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
-from mlxd.api.access import admin_refusal, can_admin, can_read
-from mlxd.api.admin import same_origin
+from mlxd.api.access import can_admin, can_read
 from mlxd.api.state import AppState, Mlxd, provide_app_state
 from mlxd.api.stats import NO_STORE
 from mlxd.dashboard import views
 from mlxd.dashboard.csrf import csrf_token
+from mlxd.dashboard.refused import DashboardRefused, require_admin
 from mlxd.dashboard.templating import environment
 from mlxd.engine.fleet_view import FleetRefusal
 
@@ -39,20 +39,8 @@ TRUE = ("true", "1", "on", "yes")
 FALSE = ("false", "0", "off", "no")
 
 
-class ActionRefused(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 def actions_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    settings = connection.app.state.mlxd.settings
-    if not can_admin(connection, settings):
-        status = 403 if settings.server.admin_token is None else 401
-        raise ActionRefused(status, admin_refusal(settings))
-    if not same_origin(connection):
-        raise ActionRefused(403, "cross-site requests to the dashboard are refused")
+    require_admin(connection, "dashboard")
 
 
 def panel_state(request: Request, mlxd: AppState, admin: bool) -> dict[str, Any]:
@@ -92,7 +80,7 @@ def _answer(request: Request, status: int, outcome: str, message: str) -> Respon
     return _html(html, status, outcome)
 
 
-def _on_refused(request: Request, exc: ActionRefused) -> Response[str]:
+def _on_refused(request: Request, exc: DashboardRefused) -> Response[str]:
     return _answer(request, exc.status, "refused", exc.message)
 
 
@@ -106,13 +94,13 @@ async def _model_id(request: Request, mlxd: AppState) -> tuple[str, dict[str, st
     form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
     model_id = form.get("model", "").strip()
     if not model_id:
-        raise ActionRefused(400, "the form names no model (field 'model')")
+        raise DashboardRefused(400, "the form names no model (field 'model')")
     if len(model_id) > MAX_ID_CHARS:
-        raise ActionRefused(400, f"a model id is at most {MAX_ID_CHARS} characters")
+        raise DashboardRefused(400, f"a model id is at most {MAX_ID_CHARS} characters")
     view = mlxd.fleet.view()
     if view.get(model_id) is None:
         known = ", ".join(m.id for m in view.models) or "none"
-        raise ActionRefused(404, f"no model {model_id!r} is configured (configured: {known})")
+        raise DashboardRefused(404, f"no model {model_id!r} is configured (configured: {known})")
     return model_id, form
 
 
@@ -129,7 +117,7 @@ async def _act(request: Request, mlxd: AppState, action: str) -> Response[str]:
         else:
             raw = form.get("on", "true").strip().lower()
             if raw not in TRUE + FALSE:
-                raise ActionRefused(400, f"'on' must be true or false, not {raw[:20]!r}")
+                raise DashboardRefused(400, f"'on' must be true or false, not {raw[:20]!r}")
             on = raw in TRUE
             await fleet.pin(model_id, on)
             done = f"{model_id} is {'pinned' if on else 'no longer pinned'}"
@@ -143,7 +131,7 @@ class ModelActionsController(Controller):
     path = "/dashboard/models"
     guards = [actions_guard]
     dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
-    exception_handlers = {ActionRefused: _on_refused, PermissionDeniedException: _on_csrf}
+    exception_handlers = {DashboardRefused: _on_refused, PermissionDeniedException: _on_csrf}
     request_max_body_size = MAX_FORM_BYTES
 
     @post("/load", status_code=200)
