@@ -11,9 +11,7 @@ in Anthropic's envelope (see :mod:`mlxd.api.errors`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from litestar import Controller, Request, Response, post
 from litestar.di import Provide
@@ -35,14 +33,12 @@ from mlxd.api.openai import (
     check_accepting,
     check_values,
     generate,
+    held,
     warm_constraint,
 )
 from mlxd.api.schemas import decode
-from mlxd.api.state import AppState, Mlxd, provide_app_state
+from mlxd.api.state import Mlxd, provide_app_state
 from mlxd.engine.messages import Accepted, Failed
-
-if TYPE_CHECKING:
-    from mlxd.engine.fleet import Lease
 
 
 class MessagesController(Controller):
@@ -76,7 +72,7 @@ class MessagesController(Controller):
     async def count_tokens(self, request: Request, mlxd: Mlxd) -> dict[str, int]:
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, CountTokensRequest)
-        async with _held(mlxd, req.model) as lease:
+        async with held(mlxd, req.model) as lease:
             gen = count_tokens_request(req, info=lease.info)
             check_values(lease.info, gen)
             # Tokenized on the engine's intake thread, exactly as intake will.
@@ -84,12 +80,3 @@ class MessagesController(Controller):
         if isinstance(counted, Failed):
             raise OpenAIError.from_failed(counted)
         return {"input_tokens": counted}
-
-
-@contextlib.asynccontextmanager
-async def _held(state: AppState, name: str | None) -> AsyncIterator[Lease]:
-    lease = await acquire(state, name)
-    try:
-        yield lease
-    finally:
-        lease.release()

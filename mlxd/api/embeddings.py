@@ -24,9 +24,9 @@ from mlxd.api.body import read_body
 from mlxd.api.errors import OpenAIError
 from mlxd.api.openai import (
     IGNORED_HEADER,
-    acquire,
     api_key_guard,
     check_accepting,
+    held,
     ignored_header,
 )
 from mlxd.api.requestlog import note_of
@@ -138,17 +138,15 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
         headers[IGNORED_HEADER] = ignored_header(ignored)
     inputs = shape_inputs(req.input)
     encoding_format = _check_format(req.encoding_format)
-    lease = await acquire(state, req.model, "embedding")
     try:
-        engine = lease.engine
-        note.model = lease.id
-        if engine.info is not None:
-            check_inputs(inputs, engine.info, req.dimensions)
-        result = await asyncio.wrap_future(engine.submit(inputs, dimensions=req.dimensions))
+        async with held(state, req.model, "embedding") as lease:
+            engine = lease.engine
+            note.model = lease.id
+            if engine.info is not None:
+                check_inputs(inputs, engine.info, req.dimensions)
+            result = await asyncio.wrap_future(engine.submit(inputs, dimensions=req.dimensions))
     except EmbeddingError as exc:
         note.error = exc.code
         raise _openai(exc) from None
-    finally:
-        lease.release()
     note.prompt_tokens = result.prompt_tokens
     return Response(response_body(result, lease.id, encoding_format), headers=headers)

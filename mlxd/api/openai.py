@@ -8,6 +8,7 @@ A client that goes away cancels its generation at the next token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import re
@@ -91,6 +92,16 @@ async def acquire(state: AppState, name: str | None, kind: str = "chat") -> Leas
         return await state.fleet.acquire(name, kind)
     except FleetRefusal as exc:
         raise OpenAIError.from_failed(exc.failed) from None
+
+
+@contextlib.asynccontextmanager
+async def held(state: AppState, name: str | None, kind: str = "chat") -> AsyncIterator[Lease]:
+    """:func:`acquire` for a request answered whole: released when the block ends."""
+    lease = await acquire(state, name, kind)
+    try:
+        yield lease
+    finally:
+        lease.release()
 
 
 def check_values(info: Any, gen: GenerationRequest) -> None:

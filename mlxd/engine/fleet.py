@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from mlxd.config import Settings, format_bytes
@@ -148,15 +148,6 @@ class Fleet(RegistryReload):
             self._notify()
             raise
         return Lease(slot, self._released)
-
-    @contextlib.asynccontextmanager
-    async def use(self, name: str | None, kind: str = "chat") -> AsyncIterator[Lease]:
-        """:meth:`acquire` as a context: released when the block ends."""
-        lease = await self.acquire(name, kind)
-        try:
-            yield lease
-        finally:
-            lease.release()
 
     def _route(self, name: str | None, kind: str) -> Slot:
         model_id = resolve(self.settings, name, kind)
