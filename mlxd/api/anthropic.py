@@ -31,10 +31,11 @@ from mlxd.api.openai import (
     acquire,
     api_key_guard,
     check_accepting,
+    check_generation,
     check_values,
     generate,
     held,
-    warm_constraint,
+    released_on_error,
 )
 from mlxd.api.schemas import decode
 from mlxd.api.state import Mlxd, provide_app_state
@@ -52,16 +53,12 @@ class MessagesController(Controller):
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, MessagesRequest)
         lease = await acquire(mlxd, req.model)
-        try:
+        with released_on_error(lease):
             info = lease.info
             call = messages_request(req, lease.settings, faults=mlxd.fault_injection, info=info)
-            check_values(info, call.gen)
-            await warm_constraint(
+            await check_generation(
                 mlxd, lease, call.gen, json_param="output_config.format", tools_param="tool_choice"
             )
-        except BaseException:
-            lease.release()
-            raise
 
         def make_output(accepted: Accepted) -> Output:
             return MessagesOutput(call.gen.id, accepted.model, accepted.prompt_tokens)

@@ -13,7 +13,7 @@ import hmac
 import logging
 import re
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from litestar import Controller, Request, Response, get, post
@@ -102,6 +102,24 @@ async def held(state: AppState, name: str | None, kind: str = "chat") -> AsyncIt
         yield lease
     finally:
         lease.release()
+
+
+@contextlib.contextmanager
+def released_on_error(lease: Lease) -> Iterator[Lease]:
+    """Hold ``lease`` past the block (``generate`` releases it), unless the block fails."""
+    try:
+        yield lease
+    except BaseException:
+        lease.release()
+        raise
+
+
+async def check_generation(
+    state: AppState, lease: Lease, gen: GenerationRequest, *, json_param: str, tools_param: str
+) -> None:
+    """All that is checked before ``gen`` is queued: its values, then its grammar (400s)."""
+    check_values(lease.info, gen)
+    await warm_constraint(state, lease, gen, json_param=json_param, tools_param=tools_param)
 
 
 def check_values(info: Any, gen: GenerationRequest) -> None:
@@ -335,15 +353,11 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
         logger.debug("%s: ignored unknown parameters %s", request.url.path, ignored)
         headers[IGNORED_HEADER] = ignored_header(ignored)
     lease = await acquire(state, req.model)
-    try:
+    with released_on_error(lease):
         gen = build(req, lease.settings, faults=state.fault_injection, info=lease.info)
-        check_values(lease.info, gen)
-        await warm_constraint(
+        await check_generation(
             state, lease, gen, json_param="response_format", tools_param="tool_choice"
         )
-    except BaseException:
-        lease.release()
-        raise
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
 
     def make_output(accepted: Accepted) -> Output:

@@ -22,9 +22,9 @@ from mlxd.api.openai import (
     acquire,
     api_key_guard,
     check_accepting,
-    check_values,
+    check_generation,
     generate,
-    warm_constraint,
+    released_on_error,
 )
 from mlxd.api.responses_render import ResponsesOutput
 from mlxd.api.responses_schema import ResponsesRequest, responses_request
@@ -79,17 +79,13 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
             raise _not_found(req.previous_response_id, status=400, param="previous_response_id")
         previous = stored.messages
     lease = await acquire(state, req.model)
-    try:
+    with released_on_error(lease):
         call = responses_request(
             req, lease.settings, previous, faults=state.fault_injection, info=lease.info
         )
-        check_values(lease.info, call.gen)
-        await warm_constraint(
+        await check_generation(
             state, lease, call.gen, json_param="text.format", tools_param="tool_choice"
         )
-    except BaseException:
-        lease.release()
-        raise
 
     def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
         if call.store and call.generate:  # a warm-up has no turn to continue
