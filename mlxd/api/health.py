@@ -50,8 +50,9 @@ class HealthController(Controller):
             last = snapshots[stalled].last_step_at
             reason = f"engine {stalled} stalled: no step finished for {now - last:.0f}s"
         else:
-            body = {"status": "ready", "model": view.models[0].id if view.models else None}
-            body["model"] = next((m.id for m in view.models if m.default), body["model"])
-            body["models"] = {m.id: m.state for m in view.models}
-            return Response(body, status_code=200)
+            default = next((m.id for m in view.models if m.default and m.kind == "chat"), None)
+            models = {m.id: m.state for m in view.models}
+            return Response(
+                {"status": "ready", "model": default, "models": models}, status_code=200
+            )
         return Response({"status": "not_ready", "reason": reason}, status_code=503)

@@ -39,7 +39,7 @@ from mlxd.config.registry import default_id, registry, resolve
 from mlxd.engine.engine import Engine
 from mlxd.engine.fleet_reload import RegistryReload
 from mlxd.engine.fleet_view import FleetEvent, FleetRefusal, FleetView, ModelState
-from mlxd.engine.memory import MemoryPool
+from mlxd.engine.memory import MemoryPool, PoolView
 from mlxd.engine.messages import Failed
 from mlxd.engine.slot import (
     Lease,
@@ -285,11 +285,12 @@ class Fleet(RegistryReload):
         error = slot.engine.load_error
         if error is None:
             self._loaded(slot, slot.engine.weights_bytes, time.monotonic() - started)
-            if self.pool.view().used > self.pool.budget:
+            pool = self.pool.view()
+            if pool.used > pool.budget:
                 logger.warning(
                     "the pinned models hold %s, more than [memory] budget (%s)",
-                    format_bytes(self.pool.view().used),
-                    format_bytes(self.pool.budget),
+                    format_bytes(pool.used),
+                    format_bytes(pool.budget),
                 )
             return
         self.pool.release(slot.id)
@@ -299,10 +300,10 @@ class Fleet(RegistryReload):
 
     async def _make_room(self, slot: Slot, need: int, weights: int) -> None:
         """Reserve ``need`` bytes for ``slot``: unload idle models, wait while busy ones hold it."""
-        pinned = sum(
-            self._held(s) for s in self.slots.values() if s is not slot and s.pinned and s.engine
-        )
-        budget = self.pool.budget
+        pool = self.pool.view()
+        others = {s.id for s in self.slots.values() if s is not slot and s.pinned}
+        pinned = sum(e.fixed + e.kv for e in pool.entries if e.model_id in others)
+        budget = pool.budget
         if need + pinned > budget:
             raise FleetRefusal(
                 Failed(
@@ -335,10 +336,6 @@ class Fleet(RegistryReload):
         finally:
             self._memory_queue.remove(slot)
             self._notify()
-
-    def _held(self, slot: Slot) -> int:
-        entry = next((e for e in self.pool.view().entries if e.model_id == slot.id), None)
-        return entry.fixed + entry.kv if entry else 0
 
     def _victim(self, loading: Slot) -> Slot | None:
         """The least recently used loaded model that nobody uses and nobody pinned."""
@@ -443,7 +440,7 @@ class Fleet(RegistryReload):
         return FleetView(
             budget_bytes=pool.budget,
             used_bytes=pool.used,
-            models=tuple(self._state(s) for s in self.slots.values()),
+            models=tuple(self._state(s, pool) for s in self.slots.values()),
             events=tuple(self._events),
             memory_queue=tuple(s.id for s in self._memory_queue),
             event_totals=tuple((m, k, n) for (m, k), n in self._event_totals.items()),
@@ -457,9 +454,9 @@ class Fleet(RegistryReload):
             if s.entry.kind == "chat" and s.engine is not None
         }
 
-    def _state(self, slot: Slot) -> ModelState:
+    def _state(self, slot: Slot, pool: PoolView | None = None) -> ModelState:
         default = slot.id == default_id(self.settings, slot.entry.kind)
-        return model_state(slot, self.pool.view(), default)
+        return model_state(slot, pool or self.pool.view(), default)
 
     # ------------------------------------------------------------ plumbing
 
