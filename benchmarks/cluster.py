@@ -48,11 +48,12 @@ def free_port() -> int:
 
 def bench_model(out: Path) -> Path:
     """A random-weight llama big enough that compute is not nothing (about 60M params)."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT))
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
-    from tinymodels import tiny_model_dir
+
+    from tests.support.tinymodels import tiny_model_dir
 
     target = out / "bench-llama"
     if (target / "model.safetensors").is_file():

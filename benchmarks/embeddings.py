@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Embedding throughput: embeddings per second at batch sizes 1 and 32.
 
-**Engine** (always): one :class:`~mlxd.engine.embedding.EmbeddingEngine` per
+**Engine** (always): one :class:`~mlxd.engine.embeddings.engine.EmbeddingEngine` per
 batch size (``[models.<id>.batch] size``), no HTTP. ``--inputs`` single-text
 requests are queued at once, as concurrent clients would send them, and the
 engine batches them up to the batch size per forward pass. A warm-up round
@@ -32,7 +32,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 _SENTENCE = (
     "the river runs past the old mill every morning and the people of the town walk "
@@ -61,7 +60,7 @@ def make_settings(path: str, batch: int, chat_path: str):
 
 
 def run_engine(path: str, batch: int, inputs: list[str], repeats: int) -> dict:
-    from mlxd.engine.embedding import EmbeddingEngine
+    from mlxd.engine.embeddings.engine import EmbeddingEngine
 
     engine = EmbeddingEngine(make_settings(path, batch, path), "emb")
     engine.start()
@@ -93,8 +92,8 @@ def run_engine(path: str, batch: int, inputs: list[str], repeats: int) -> dict:
 
 
 def run_http(path: str, batch: int, inputs: list[str], clients: int) -> float:
-    from daemon import Daemon, toml_config
-    from tinymodels import tiny_model_dir
+    from tests.support.daemon import Daemon, toml_config
+    from tests.support.tinymodels import tiny_model_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         config = toml_config(
@@ -150,11 +149,11 @@ def main() -> None:
     if args.model:
         path = str(Path(args.model).expanduser())
     elif args.shape == "minilm":
-        from tinyembed import MINILM_SHAPE, build_tiny_embedding
+        from tests.support.tinyembed import MINILM_SHAPE, build_tiny_embedding
 
         path = str(build_tiny_embedding(Path(scratch.name) / "minilm", shape=MINILM_SHAPE))
     else:
-        from tinyembed import tiny_embedding_dir
+        from tests.support.tinyembed import tiny_embedding_dir
 
         path = str(tiny_embedding_dir())
     sizes = [int(s) for s in args.batch_sizes.split(",")]

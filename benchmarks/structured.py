@@ -10,7 +10,7 @@ Two parts:
    asks for a long array of objects, so constrained rows run to ``max_tokens``
    like the free ones and both waves generate the same number of tokens.
    ``tps`` = completion tokens of the wave / wall seconds of the wave.
-2. **Compile time.** The grammar of each test schema (tests/structured_schemas.py)
+2. **Compile time.** The grammar of each test schema (tests/support/schemas.py)
    compiled with the model's llguidance tokenizer: ``cold`` (first compile),
    ``cached`` (a copy from mlxd's LRU). Also the tokenizer build (once per model).
 
@@ -34,7 +34,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 LONG_SCHEMA = {
@@ -155,10 +154,10 @@ def throughput(args: argparse.Namespace, model_dir: str, workdir: Path) -> dict[
 
 def compile_times(model_dir: str) -> dict[str, Any]:
     from mlx_lm.tokenizer_utils import load as load_tokenizer
-    from structured_schemas import JSON_SCHEMAS
 
-    from mlxd.engine.grammar import Grammars, make_ll_tokenizer
-    from mlxd.engine.structure import json_constraint
+    from mlxd.engine.chat.grammar import Grammars, make_ll_tokenizer
+    from mlxd.engine.constraints import json_constraint
+    from tests.support.schemas import JSON_SCHEMAS
 
     tok = load_tokenizer(Path(model_dir))
     started = time.perf_counter()
@@ -197,8 +196,8 @@ def mask_times(tok: Any, ll: Any, width: int, steps: int = 300) -> dict[str, flo
     import mlx.core as mx
     import numpy as np
 
-    from mlxd.engine.grammar import ConstraintProcessor, Grammars
-    from mlxd.engine.structure import json_constraint
+    from mlxd.engine.chat.grammar import ConstraintProcessor, Grammars
+    from mlxd.engine.constraints import json_constraint
 
     grammars = Grammars(ll, width)
     c = json_constraint(LONG_SCHEMA, strict=True, param="bench")

@@ -28,12 +28,12 @@ from mlxd.config import (
     load_settings,
     reload_class,
 )
-from mlxd.engine.snapshot import ConfigView, ReloadEvent
+from mlxd.engine import ConfigView, ReloadEvent
 from mlxd.modelcheck import registry_problems
 
 if TYPE_CHECKING:
     from mlxd.api.state import AppState
-    from mlxd.engine.core import EngineCore
+    from mlxd.engine.chat.core import EngineCore
 
 logger = logging.getLogger(__name__)
 

@@ -22,17 +22,17 @@ from typing import Any
 
 import uvicorn
 
-from mlxd.api.access import exposure_warning
 from mlxd.api.app import make_app
-from mlxd.api.guard import RequestGuard
-from mlxd.api.metrics import install_metrics
-from mlxd.api.protocol import make_protocol
-from mlxd.api.recent import install_recent
+from mlxd.api.http.access import exposure_warning
+from mlxd.api.http.guard import RequestGuard
+from mlxd.api.http.protocol import make_protocol
+from mlxd.api.ops.metrics import install_metrics
+from mlxd.api.ops.recent import install_recent
 from mlxd.api.state import AppState
 from mlxd.config import Settings
 from mlxd.dashboard import logtail
 from mlxd.dashboard.routes import route_handlers
-from mlxd.engine.engine import Engine
+from mlxd.engine.chat.engine import Engine
 from mlxd.listen import ListenError, bind
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 def runtime_info() -> dict[str, Any]:
     """What the process actually runs on (read after MLX is loaded)."""
-    from mlxd.engine.model import device_name
+    from mlxd.engine.chat.loading import device_name
     from mlxd.runtime.blas import mapped_blas
 
     info = mapped_blas()
@@ -170,7 +170,7 @@ def _log_task_error(task: asyncio.Task) -> None:
 
 def _follow(settings: Settings, member: Any) -> int:
     """A cluster rank other than 0: no HTTP, apply rank 0's plans (docs/cluster.md)."""
-    from mlxd.engine.follower import run_follower
+    from mlxd.engine.cluster.follower import run_follower
 
     runtime = runtime_info()
     logger.info(
@@ -195,7 +195,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     host, port = settings.server.host, settings.server.port
     member = None
     if settings.cluster is not None:
-        from mlxd.engine.shard import ClusterError, membership
+        from mlxd.engine.cluster.join import ClusterError, membership
 
         try:
             member = membership(settings.cluster)
@@ -224,7 +224,7 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     faults = os.environ.get("MLXD_FAULT_INJECTION") == "1"
     leader = None
     if settings.cluster is not None and member is not None:
-        from mlxd.engine.leader import Leader
+        from mlxd.engine.cluster.leader import Leader
 
         leader = Leader(settings.cluster, member)
         logger.info("cluster rank 0 of %s: serving HTTP for the group", member.world)
@@ -248,12 +248,12 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         return engine
 
     def make_embedding(model_settings: Settings, model_id: str) -> Any:
-        from mlxd.engine.embedding import EmbeddingEngine
+        from mlxd.engine.embeddings.engine import EmbeddingEngine
 
         return EmbeddingEngine(model_settings, model_id, optimized_blas=optimized)
 
-    from mlxd.engine.fleet import Fleet
-    from mlxd.engine.model import device_memory_bytes
+    from mlxd.engine.chat.loading import device_memory_bytes
+    from mlxd.engine.fleet.fleet import Fleet
 
     fleet = Fleet(
         settings,

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from mlxd.api.recent import percentile  # one definition for the daemon and the benchmarks
+from mlxd.api.ops.recent import percentile  # one definition for the daemon and the benchmarks
 from servebench.records import Wave
 
 

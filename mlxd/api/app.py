@@ -8,19 +8,19 @@ from litestar import Litestar
 from litestar.config.csrf import CSRFConfig
 from litestar.exceptions import HTTPException
 
-from mlxd.api.admin import AdminController
-from mlxd.api.anthropic import MessagesController
-from mlxd.api.embeddings import EmbeddingsController
-from mlxd.api.errors import (
+from mlxd.api.anthropic.routes import MessagesController
+from mlxd.api.http.errors import (
     OpenAIError,
     http_error_handler,
     internal_error_handler,
     openai_error_handler,
 )
-from mlxd.api.health import HealthController
-from mlxd.api.openai import OpenAIController
-from mlxd.api.requestlog import make_request_log
-from mlxd.api.responses import ResponsesController
+from mlxd.api.http.requestlog import make_request_log
+from mlxd.api.openai.embeddings import EmbeddingsController
+from mlxd.api.openai.routes import OpenAIController
+from mlxd.api.ops.admin import AdminController
+from mlxd.api.ops.health import HealthController
+from mlxd.api.responses.routes import ResponsesController
 from mlxd.api.state import AppState
 
 # The dashboard's forms (the config editor) carry a double-submit CSRF token.

@@ -11,13 +11,11 @@ from typing import TYPE_CHECKING, Any
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 
-from mlxd.api.response_store import ResponseStore
+from mlxd.api.responses.store import ResponseStore
 from mlxd.config import Settings
 
 if TYPE_CHECKING:
-    from mlxd.engine.engine import Engine
-    from mlxd.engine.fleet import Fleet
-    from mlxd.engine.messages import Accepted, Failed, Finished
+    from mlxd.engine import Accepted, Engine, Failed, Finished, Fleet
 
 # Called once per request that the engine accepted, when it ends.
 Observer = Callable[["Accepted", "Finished | Failed"], None]

@@ -25,8 +25,8 @@ from litestar.di import Provide
 from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
+from mlxd.api.ops.stats import NO_STORE
 from mlxd.api.state import AppState, Mlxd, provide_app_state
-from mlxd.api.stats import NO_STORE
 from mlxd.config import dump_toml
 from mlxd.dashboard import configfile, views
 from mlxd.dashboard.configfile import Conflict, Current

@@ -3,7 +3,7 @@
 ``POST /dashboard/models/{load,unload,pin}`` take the model id as the form
 field ``model`` (ids may contain ``/``, so never a path segment) and, for
 ``pin``, ``on=true|false``. The rules are the config editor's: admin access
-(:func:`mlxd.api.access.can_admin`), a same-origin browser, and the
+(:func:`mlxd.api.http.access.can_admin`), a same-origin browser, and the
 double-submit CSRF token of Litestar's ``CSRFConfig`` (the form field
 ``_csrf_token`` or the ``X-CSRF-Token`` header).
 
@@ -24,14 +24,14 @@ from litestar.di import Provide
 from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
-from mlxd.api.access import can_admin, can_read
+from mlxd.api.http.access import can_admin, can_read
+from mlxd.api.ops.stats import NO_STORE
 from mlxd.api.state import AppState, Mlxd, provide_app_state
-from mlxd.api.stats import NO_STORE
 from mlxd.dashboard import views
 from mlxd.dashboard.csrf import csrf_token
 from mlxd.dashboard.refused import DashboardRefused, require_admin
 from mlxd.dashboard.templating import environment
-from mlxd.engine.fleet_view import FleetRefusal
+from mlxd.engine import FleetRefusal
 
 MAX_FORM_BYTES = 16 * 1024
 MAX_ID_CHARS = 256

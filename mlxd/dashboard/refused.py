@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from litestar.connection import ASGIConnection
 
-from mlxd.api.access import admin_refusal, can_admin
-from mlxd.api.admin import same_origin
+from mlxd.api.http.access import admin_refusal, can_admin
+from mlxd.api.ops.admin import same_origin
 
 
 class DashboardRefused(Exception):

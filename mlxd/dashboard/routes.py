@@ -3,7 +3,7 @@
 ``route_handlers()`` is what :mod:`mlxd.server` mounts next to the OpenAI
 routes. The page at ``/dashboard`` is the same partial templates that each
 region polls at ``/dashboard/<region>``, so the first render and every
-refresh take one path. Reading needs what :func:`mlxd.api.access.can_read`
+refresh take one path. Reading needs what :func:`mlxd.api.http.access.can_read`
 allows; a browser that may not read is sent to the login form.
 """
 
@@ -24,7 +24,7 @@ from litestar.params import QueryParameter
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
-from mlxd.api.access import (
+from mlxd.api.http.access import (
     COOKIE,
     can_admin,
     can_read,
@@ -32,11 +32,11 @@ from mlxd.api.access import (
     exposure_warning,
     is_loopback,
 )
-from mlxd.api.body import read_body
-from mlxd.api.metrics import MetricsController
-from mlxd.api.recent import install_recent
+from mlxd.api.http.body import read_body
+from mlxd.api.ops.metrics import MetricsController
+from mlxd.api.ops.recent import install_recent
+from mlxd.api.ops.stats import NO_STORE, StatsController
 from mlxd.api.state import AppState, Mlxd, provide_app_state
-from mlxd.api.stats import NO_STORE, StatsController
 from mlxd.config import Settings
 from mlxd.dashboard import logtail, procmem, views
 from mlxd.dashboard.editor import EditorController

@@ -8,7 +8,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from litestar import MediaType, Response
 
-from mlxd.api.stats import NO_STORE
+from mlxd.api.ops.stats import NO_STORE
 from mlxd.paths import templates_dir
 
 

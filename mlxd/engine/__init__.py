@@ -1,0 +1,109 @@
+"""The engine's face: the names the HTTP side and the dashboard may import.
+
+Everything here is a plain value, a pure check or a refusal; importing it
+loads no MLX (``tests/unit/test_layers.py`` holds that). The engines
+themselves (:class:`~mlxd.engine.chat.engine.Engine`,
+:class:`~mlxd.engine.fleet.fleet.Fleet`) are built by the composition root,
+:mod:`mlxd.server`; the web side only sees the fleet through the names below
+and, for type annotations alone, the classes under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mlxd.engine.channel import RequestHandle
+from mlxd.engine.checks import IntakeError, check_request
+from mlxd.engine.constraints import (
+    TOOL_GRAMMAR_FORMATS,
+    StructureError,
+    json_constraint,
+    tool_constraint,
+)
+from mlxd.engine.embeddings.checks import check_inputs as check_embedding_inputs
+from mlxd.engine.embeddings.messages import (
+    EmbeddingError,
+    EmbeddingInfo,
+    EmbeddingResult,
+    EmbeddingSnapshot,
+)
+from mlxd.engine.fleet.slot import Lease
+from mlxd.engine.fleet.values import STATES as MODEL_STATES
+from mlxd.engine.fleet.values import FleetEvent, FleetRefusal, FleetView, ModelState
+from mlxd.engine.messages import (
+    Accepted,
+    Api,
+    ChatPrompt,
+    Constraint,
+    Delta,
+    ErrorCode,
+    Event,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    ModelInfo,
+    PenaltyParams,
+    Prompt,
+    SamplingParams,
+    TextPrompt,
+    TokenLogprob,
+    TokenPrompt,
+    ToolCall,
+    TopLogprob,
+    Usage,
+)
+from mlxd.engine.policy.lanes import LaneDecision
+from mlxd.engine.snapshot import ConfigView, ReloadEvent, Snapshot
+
+if TYPE_CHECKING:
+    from mlxd.engine.chat.engine import Engine
+    from mlxd.engine.fleet.fleet import Fleet
+
+__all__ = [
+    "MODEL_STATES",
+    "TOOL_GRAMMAR_FORMATS",
+    "Accepted",
+    "Api",
+    "ChatPrompt",
+    "ConfigView",
+    "Constraint",
+    "Delta",
+    "EmbeddingError",
+    "EmbeddingInfo",
+    "EmbeddingResult",
+    "EmbeddingSnapshot",
+    "Engine",
+    "ErrorCode",
+    "Event",
+    "Failed",
+    "FinishReason",
+    "Finished",
+    "Fleet",
+    "FleetEvent",
+    "FleetRefusal",
+    "FleetView",
+    "GenerationRequest",
+    "IntakeError",
+    "LaneDecision",
+    "Lease",
+    "ModelInfo",
+    "ModelState",
+    "PenaltyParams",
+    "Prompt",
+    "ReloadEvent",
+    "RequestHandle",
+    "SamplingParams",
+    "Snapshot",
+    "StructureError",
+    "TextPrompt",
+    "TokenLogprob",
+    "TokenPrompt",
+    "ToolCall",
+    "TopLogprob",
+    "Usage",
+    "check_embedding_inputs",
+    "check_request",
+    "json_constraint",
+    "tool_constraint",
+]

@@ -77,7 +77,7 @@ class PenaltyParams:
 class Constraint:
     """A grammar the row's tokens must follow (llguidance's JSON grammar format).
 
-    Built and checked before the request is queued (``mlxd.engine.structure``);
+    Built and checked before the request is queued (``mlxd.engine.constraints``);
     ``key`` hashes the grammar and keys the compiled-grammar cache. ``kind``
     is what ``/stats`` shows: ``json`` (response_format) or ``tools`` (an
     enforced tool call, whose grammar is in the model's ``tool_format``).

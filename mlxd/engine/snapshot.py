@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlxd.engine.drain import DrainEvent
+from mlxd.engine.policy.drain import DrainEvent
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,180 @@
+"""Engine events rendered as Anthropic Messages: a Message object or its SSE events.
+
+Content blocks open as the model produces them: ``thinking`` for reasoning
+text, ``text`` for answer text, one ``tool_use`` per tool call. Streaming
+follows Anthropic's sequence::
+
+    message_start,
+    per block: content_block_start (the first followed by ping), content_block_delta (text_delta |
+               thinking_delta | input_json_delta) ..., content_block_stop
+    message_delta (stop_reason, usage), message_stop
+
+and ``error`` when generation fails after the stream began. Usage follows
+Anthropic's split: ``input_tokens`` are the prompt tokens not served from the
+prompt cache, ``cache_read_input_tokens`` the ones that were.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+from mlxd.api.http.errors import anthropic_error_body
+from mlxd.engine import Delta, Failed, Finished, ToolCall, Usage
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def stop_reason(finished: Finished) -> str:
+    if finished.finish_reason == "length":
+        return "max_tokens"
+    if finished.finish_reason == "tool_calls":
+        return "tool_use"
+    return "stop_sequence" if finished.stop_sequence is not None else "end_turn"
+
+
+def event(kind: str, **fields: Any) -> bytes:
+    body = msgspec.json.encode({"type": kind, **fields})
+    return b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n"
+
+
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": call.id,
+        "name": call.name,
+        "input": json.loads(call.arguments or "{}"),
+    }
+
+
+class MessagesOutput:
+    """Builds one message, whole or streamed (an :class:`mlxd.api.openai.routes.Output`)."""
+
+    def __init__(self, message_id: str, model: str, prompt_tokens: int):
+        self.id = message_id
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self._blocks: list[dict[str, Any]] = []
+        self._open: str | None = None  # "text" or "thinking" while such a block is open
+        self._pinged = False
+
+    def _message(self, finished: Finished | None, usage: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": self._blocks if finished else [],
+            "stop_reason": stop_reason(finished) if finished else None,
+            "stop_sequence": finished.stop_sequence if finished else None,
+            "usage": usage,
+        }
+
+    # ------------------------------------------------------------ building blocks
+
+    def _feed(self, delta: Delta) -> list[bytes]:
+        out: list[bytes] = []
+        if delta.reasoning:
+            out += self._add("thinking", delta.reasoning)
+        if delta.text:
+            out += self._add("text", delta.text)
+        for call in delta.tool_calls:
+            out += self._close()
+            block = _tool_use(call)
+            index = len(self._blocks)
+            self._blocks.append(block)
+            out += [
+                *self._start(index, {**block, "input": {}}),
+                event(
+                    "content_block_delta",
+                    index=index,
+                    delta={"type": "input_json_delta", "partial_json": call.arguments},
+                ),
+                event("content_block_stop", index=index),
+            ]
+        return out
+
+    def _add(self, kind: str, text: str) -> list[bytes]:
+        out: list[bytes] = []
+        if self._open != kind:
+            out += self._close()
+            empty = {"type": "text", "text": ""} if kind == "text" else _thinking("")
+            self._blocks.append(empty)
+            self._open = kind
+            out += self._start(len(self._blocks) - 1, empty)
+        block = self._blocks[-1]
+        block[kind] += text
+        delta = {"type": f"{kind}_delta", kind: text}
+        out.append(event("content_block_delta", index=len(self._blocks) - 1, delta=delta))
+        return out
+
+    def _start(self, index: int, block: dict[str, Any]) -> list[bytes]:
+        out = [event("content_block_start", index=index, content_block=block)]
+        if not self._pinged:  # Anthropic pings once, after the first block starts
+            self._pinged = True
+            out.append(event("ping"))
+        return out
+
+    def _close(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [event("content_block_stop", index=len(self._blocks) - 1)]
+
+    # ------------------------------------------------------------ whole response
+
+    def collect(self, delta: Delta) -> None:
+        self._feed(delta)  # the events are dropped: a whole message has none
+
+    def response(self, finished: Finished) -> dict[str, Any]:
+        if not self._blocks:
+            self._blocks.append({"type": "text", "text": ""})
+        return self._message(finished, usage_json(finished.usage))
+
+    # ------------------------------------------------------------ streaming
+
+    def stream_start(self) -> list[bytes]:
+        usage = {
+            "input_tokens": self.prompt_tokens,
+            "output_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+        }
+        return [event("message_start", message=self._message(None, usage))]
+
+    def stream_delta(self, delta: Delta) -> list[bytes]:
+        return self._feed(delta)
+
+    def stream_end(self, finished: Finished) -> list[bytes]:
+        out = self._add("text", "") if not self._blocks else []
+        return [
+            *out,
+            *self._close(),
+            event(
+                "message_delta",
+                delta={
+                    "stop_reason": stop_reason(finished),
+                    "stop_sequence": finished.stop_sequence,
+                },
+                usage=usage_json(finished.usage),
+            ),
+            event("message_stop"),
+        ]
+
+    def stream_error(self, failed: Failed) -> list[bytes]:
+        body = anthropic_error_body(failed.status, failed.message)
+        return [event("error", error=body["error"])]
+
+
+def _thinking(text: str) -> dict[str, Any]:
+    # mlxd does not sign reasoning; the field is there because clients expect it.
+    return {"type": "thinking", "thinking": text, "signature": ""}

@@ -1,0 +1,312 @@
+"""``POST /v1/messages`` bodies (Anthropic Messages API): decoding, validation, translation.
+
+``system`` and ``messages`` (content blocks) become the same chat messages a
+chat completion builds, so the request runs through the same engine path.
+Errors are :class:`~mlxd.api.http.errors.OpenAIError` like everywhere else; under
+``/v1/messages`` the app answers them in Anthropic's envelope.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from mlxd.api.http.errors import OpenAIError
+from mlxd.api.openai.schemas import _bad, _stop, _unsupported
+from mlxd.api.openai.tools import ToolPlan, history_message, response_constraint
+from mlxd.api.responses.items import plan_tools, relabel
+from mlxd.api.responses.schema import sampling
+from mlxd.config import Settings
+from mlxd.engine import ChatPrompt, Constraint, GenerationRequest, ModelInfo
+
+
+class _MessagesBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    model: str
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    # Accepted and ignored: they change nothing about generation here.
+    cache_control: dict[str, Any] | None = None
+    context_management: Any = None
+    diagnostics: Any = None
+    inference_geo: str | None = None
+    speed: str | None = None
+
+
+class MessagesRequest(_MessagesBody, kw_only=True):
+    max_tokens: int
+    stop_sequences: list[str] | None = None
+    stream: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    # Refused unless they ask for nothing.
+    container: Any = None
+    mcp_servers: list[Any] | None = None
+    # Test-only fault injection; refused unless the server enables it.
+    mlxd_fault: str | None = None
+
+
+class CountTokensRequest(_MessagesBody, kw_only=True):
+    """``POST /v1/messages/count_tokens``: the prompt part of a Messages request."""
+
+
+@dataclass(frozen=True)
+class MessagesCall:
+    gen: GenerationRequest
+    stream: bool
+
+
+def _text(block: Any, where: str) -> str | None:
+    """A text block's text; None for blocks that carry nothing the model reads again."""
+    if isinstance(block, str):
+        return block
+    if not isinstance(block, dict):
+        raise _bad(where, f"A content block must be an object, got {type(block).__name__}.")
+    kind = block.get("type")
+    if kind == "text":
+        if not isinstance(block.get("text"), str):
+            raise _bad(f"{where}.text", "A text block needs a string 'text'.")
+        return block["text"]
+    if kind in ("thinking", "redacted_thinking"):
+        return None  # earlier reasoning is not fed back, as Anthropic's own API does
+    if kind in ("image", "document", "search_result"):
+        raise _unsupported(where, f"mlxd serves a text model; {kind!r} blocks are not accepted.")
+    raise _bad(f"{where}.type", f"Unexpected content block type {kind!r} here.")
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = (_text(b, f"{where}[{j}]") for j, b in enumerate(content))
+        return "".join(t for t in texts if t is not None)
+    raise _bad(where, "'content' must be a string or a list of content blocks.")
+
+
+def _system(system: str | list[dict[str, Any]] | None) -> tuple[dict, ...]:
+    if system is None:
+        return ()
+    text = _content(system, "system")
+    return ({"role": "system", "content": text},) if text else ()
+
+
+def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
+    name, call_id, args = block.get("name"), block.get("id"), block.get("input", {})
+    if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(args, dict):
+        raise _bad(where, f"{where} (tool_use) needs string 'id' and 'name' and an object 'input'.")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _turn(role: str, content: Any, where: str) -> list[dict]:
+    """One Anthropic message as chat messages: tool results become ``tool`` messages."""
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise _bad(where, "'content' must be a string or a list of content blocks.")
+    out: list[dict] = []
+    texts: list[str] = []
+    calls: list[dict] = []
+    for j, block in enumerate(content):
+        at = f"{where}[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_use" and role == "assistant":
+            calls.append(_tool_use(block, at))
+        elif kind == "tool_result" and role == "user":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str):
+                raise _bad(f"{at}.tool_use_id", f"{at} (tool_result) needs 'tool_use_id'.")
+            result = _content(block.get("content", ""), f"{at}.content")
+            if block.get("is_error"):
+                result = f"Error: {result}"
+            out.append({"role": "tool", "tool_call_id": call_id, "content": result})
+        elif kind in ("tool_use", "tool_result"):
+            owner = "assistant" if kind == "tool_use" else "user"
+            raise _bad(at, f"'{kind}' blocks belong in {owner} messages.")
+        elif kind in ("server_tool_use", "web_search_tool_result"):
+            raise _unsupported(at, f"server tools ({kind!r}) are not implemented.")
+        else:
+            text = _text(block, at)
+            if text is not None:
+                texts.append(text)
+    if calls:
+        out.append({"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls})
+    elif texts or not out:
+        out.append({"role": role, "content": "".join(texts)})
+    return out
+
+
+def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
+    """``system`` and ``messages`` as chat messages in the template's shape."""
+    if not body.messages:
+        raise _bad("messages", "'messages' must contain at least one message.")
+    out = list(_system(body.system))
+    for i, m in enumerate(body.messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(where, "A message must be an object.")
+        role = m.get("role")
+        if role not in ("user", "assistant"):
+            raise _bad(f"{where}.role", f"Invalid role {role!r}: use 'user' or 'assistant'.")
+        extra = set(m) - {"role", "content"}
+        if extra:
+            raise _bad(where, f"Extra inputs are not permitted: {', '.join(sorted(extra))}.")
+        if "content" not in m:
+            raise _bad(f"{where}.content", f"{where} has no content.")
+        for msg in _turn(role, m["content"], f"{where}.content"):
+            if msg["role"] == "tool" or msg.get("tool_calls"):
+                try:
+                    msg = history_message(msg, i, msg.get("content"))
+                except OpenAIError as exc:
+                    raise relabel(exc, f"messages[{i}].tool_calls", f"{where}.content") from None
+            out.append(msg)
+    if out[-1]["role"] == "assistant":
+        raise _unsupported(
+            f"messages[{len(body.messages) - 1}]",
+            "a final assistant message (prefill) is not continued by mlxd; end with a user turn.",
+        )
+    return tuple(out)
+
+
+# Anthropic tool types that run on Anthropic's side, or that a client
+# implements with a schema only Claude knows: skipped, like hosted tools on
+# /v1/responses. Naming one in tool_choice is refused by tool_plan.
+_CLIENT_TOOL_TYPES = (None, "custom")
+
+
+def _tools(tools: list[dict[str, Any]] | None) -> list[tuple[int, dict[str, Any]]] | None:
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise _bad(f"tools[{i}]", f"tools[{i}] must be an object.")
+        if tool.get("type") not in _CLIENT_TOOL_TYPES:
+            continue
+        if "input_schema" not in tool:
+            raise _bad(f"tools[{i}].input_schema", f"tools[{i}] needs an 'input_schema'.")
+        fn = {"name": tool.get("name"), "parameters": tool["input_schema"]}
+        if tool.get("description") is not None:
+            fn["description"] = tool["description"]
+        if tool.get("strict") is not None:
+            fn["strict"] = tool["strict"]
+        out.append((i, {"type": "function", "function": fn}))
+    return out
+
+
+def _tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
+    """Anthropic's tool_choice as the chat one, and whether parallel calls are allowed."""
+    if choice is None:
+        return None, None
+    kind = choice.get("type")
+    parallel = False if choice.get("disable_parallel_tool_use") else None
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}, parallel
+    raise _bad(
+        "tool_choice.type", f"Unknown tool_choice type {kind!r}: use auto, any, tool or none."
+    )
+
+
+def _plan(body: _MessagesBody, info: ModelInfo | None) -> ToolPlan:
+    choice, parallel = _tool_choice(body.tool_choice)
+    return plan_tools(_tools(body.tools), choice, parallel, info)
+
+
+def _format(body: _MessagesBody) -> Constraint | None:
+    fmt = (body.output_config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise _bad(
+            "output_config.format",
+            "output_config.format must be {'type': 'json_schema', 'schema': {...}}.",
+        )
+    spec = {"name": "output", "schema": fmt.get("schema"), "strict": True}
+    try:
+        return response_constraint({"type": "json_schema", "json_schema": spec})
+    except OpenAIError as exc:
+        exc = relabel(exc, "response_format.json_schema.schema", "output_config.format.schema")
+        raise relabel(exc, "response_format", "output_config.format") from None
+
+
+def _thinking(thinking: dict[str, Any] | None) -> tuple[tuple[str, object], ...]:
+    """``thinking`` as the ``enable_thinking`` switch of templates that have one."""
+    if thinking is None:
+        return ()
+    kind = thinking.get("type")
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise _bad(
+            "thinking.type", f"Unknown thinking type {kind!r}: use enabled, adaptive or disabled."
+        )
+    return (("enable_thinking", kind != "disabled"),)
+
+
+def _prompt(
+    body: _MessagesBody, info: ModelInfo | None
+) -> tuple[ChatPrompt, ToolPlan, Constraint | None]:
+    plan = _plan(body, info)
+    constraint = _format(body)
+    if constraint is not None and plan.constraint is not None:
+        raise _bad(
+            "output_config.format",
+            "A JSON output format and a forced tool call (tool_choice any or tool) cannot "
+            "both constrain one answer.",
+        )
+    return ChatPrompt(chat_messages(body), plan.tools, _thinking(body.thinking)), plan, constraint
+
+
+def count_tokens_request(
+    body: CountTokensRequest, *, info: ModelInfo | None = None
+) -> GenerationRequest:
+    """The prompt of a count_tokens request (tools included), as the engine would tokenize it."""
+    prompt, _, _ = _prompt(body, info)
+    return GenerationRequest(
+        id=f"count_{uuid.uuid4().hex[:24]}", prompt=prompt, max_tokens=1, api="messages"
+    )
+
+
+def messages_request(
+    req: MessagesRequest, settings: Settings, *, faults: bool = False, info: ModelInfo | None = None
+) -> MessagesCall:
+    """Validate a Messages request and build the engine's request."""
+    if req.container is not None:
+        raise _unsupported("container", "containers (code execution) are not implemented.")
+    if req.mcp_servers:
+        raise _unsupported("mcp_servers", "remote MCP servers are not implemented.")
+    if req.mlxd_fault is not None and not faults:
+        raise _bad("mlxd_fault", "Extra inputs are not permitted: mlxd_fault.")
+    if req.max_tokens < 1:
+        raise _bad("max_tokens", f"'max_tokens' must be at least 1, got {req.max_tokens}.")
+    limit = settings.limits.max_tokens
+    if req.max_tokens > limit:
+        raise _bad(
+            "max_tokens", f"'max_tokens' is {req.max_tokens}; this server allows at most {limit}."
+        )
+    sampled = sampling(settings, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
+    if req.temperature is not None and req.temperature > 1:
+        raise _bad("temperature", f"'temperature' must be in [0, 1], got {req.temperature}.")
+    prompt, plan, constraint = _prompt(req, info)
+    gen = GenerationRequest(
+        id=f"msg_{uuid.uuid4().hex[:24]}",
+        prompt=prompt,
+        max_tokens=req.max_tokens,
+        sampling=sampled,
+        stop=_stop(req.stop_sequences),
+        parse_tools=plan.parse,
+        constraint=constraint or plan.constraint,
+        api="messages",
+        fault=req.mlxd_fault,
+    )
+    return MessagesCall(gen=gen, stream=bool(req.stream))

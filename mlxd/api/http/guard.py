@@ -1,0 +1,162 @@
+"""Checks that run on every HTTP request before routing.
+
+:class:`RequestGuard` wraps the whole ASGI app (so unknown routes are covered
+too) and refuses:
+
+- a ``Host`` that is not on the allow-list (:func:`mlxd.api.http.access.host_allowed`)
+  with 421 Misdirected Request: this is what stops DNS rebinding, where a web
+  page on an attacker's name that resolves to this machine talks to mlxd with
+  the visitor's browser;
+- a body sent to ``/v1`` without a JSON ``Content-Type`` with 415: browsers
+  send ``text/plain``, form and multipart bodies (and bodies with no type)
+  cross-site without a CORS preflight, and a JSON API has no use for them;
+- a body that declares more than ``[limits] max_body_bytes`` with 413, on
+  every route; outside ``/v1`` (the dashboard's forms, which Litestar parses
+  itself) a body must declare its length (411 otherwise). ``/v1`` reads
+  bodies of unknown length under the same limit (:mod:`mlxd.api.http.body`).
+
+Both answers use the error shape of the API the request was meant for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from mlxd.api.http.access import host_allowed
+from mlxd.api.http.errors import error_body_for_path
+from mlxd.logs import safe
+
+logger = logging.getLogger(__name__)
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def is_json_type(content_type: str) -> bool:
+    """``application/json`` or any ``+json`` type, with or without parameters."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class RequestGuard:
+    """ASGI middleware: Host allow-list everywhere, JSON bodies on ``/v1``.
+
+    Args:
+        app: The Litestar app.
+        settings: Called per request for the live settings (``allowed_hosts``
+            reloads live).
+    """
+
+    def __init__(self, app: Any, settings: Any):
+        self.app = app
+        self._settings = settings
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        host = _header(scope, b"host")
+        # HTTP/1.1 requires Host (h11 refuses requests without one); an
+        # HTTP/1.0 client without it is no browser, so nothing to rebind.
+        settings = self._settings()
+        if host is not None and not host_allowed(host, settings):
+            logger.warning("refused a request for Host %s on %s", safe(host), safe(path))
+            await _drain(scope, receive, settings.limits)
+            await _answer(
+                send,
+                path,
+                421,
+                f"Host {host!r} is not served here. Reach mlxd by IP address, localhost or "
+                "this machine's name, or add the name to [server] allowed_hosts.",
+                "host_not_allowed",
+            )
+            return
+        if scope.get("method") in _BODY_METHODS:
+            refusal = _body_refusal(scope, path, settings.limits.max_body_bytes)
+            if refusal is not None:
+                if refusal[0] != 413:
+                    await _drain(scope, receive, settings.limits)
+                await _answer(send, path, *refusal)
+                return
+        await self.app(scope, receive, send)
+
+
+def _body_refusal(scope: dict[str, Any], path: str, limit: int) -> tuple[int, str, str] | None:
+    """Why a request's body is refused before routing, or None."""
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        return (
+            413,
+            f"The request body is {int(declared)} bytes; this server accepts at most {limit} "
+            "bytes (limits.max_body_bytes).",
+            "request_too_large",
+        )
+    if path == "/v1" or path.startswith("/v1/"):
+        content_type = _header(scope, b"content-type") or ""
+        if not is_json_type(content_type):
+            return (
+                415,
+                f"Content-Type must be application/json (got {content_type or 'none'}).",
+                "unsupported_media_type",
+            )
+    elif declared is None and _header(scope, b"transfer-encoding") is not None:
+        return 411, "A request body outside /v1 must declare its Content-Length.", "length_required"
+    return None
+
+
+async def _drain(scope: dict[str, Any], receive: Any, limits: Any) -> None:
+    """Read (and drop) a small body before answering early.
+
+    Closing a connection with unread request bytes makes the kernel reset it,
+    and the client then sees a broken connection instead of the answer.
+    Only bodies under ``max_body_bytes`` are drained, for at most
+    ``body_timeout`` seconds.
+    """
+    declared = _header(scope, b"content-length")
+    if declared is None or not declared.strip().isdigit():
+        return
+    left = int(declared)
+    if not 0 < left <= limits.max_body_bytes:
+        return
+    deadline = asyncio.get_running_loop().time() + limits.body_timeout
+    while left > 0:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return
+        try:
+            message = await asyncio.wait_for(receive(), remaining)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        left -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+async def _answer(send: Any, path: str, status: int, message: str, code: str) -> None:
+    body = json.dumps(error_body_for_path(path, status, message, code=code)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,115 @@
+"""One log line per API request, at ``info``: ``[server] log_requests``.
+
+``POST /v1/chat/completions 200 model=SmolLM2-135M-Instruct lane=batch
+prompt=25 generated=64 finish=length ttft=0.251s duration=3.412s``
+
+The middleware times the whole exchange (for a stream, until its last chunk
+is sent) and reads the status the response started with; the handler fills
+in what only it knows (model, lane, tokens, time to first token) on a
+:class:`Note` kept in the ASGI scope. Nothing of the prompt or the answer is
+logged, only counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from litestar.types import ASGIApp, Receive, Scope, Send
+
+    from mlxd.api.state import AppState
+    from mlxd.engine import Accepted, Failed, Finished
+
+logger = logging.getLogger("mlxd.requests")
+
+_SCOPE_KEY = "mlxd.request_note"
+PREFIX = "/v1/"
+
+
+@dataclass
+class Note:
+    """What the handler learned about one request; unset fields are left out of the line."""
+
+    model: str | None = None
+    lane: str | None = None
+    prompt_tokens: int | None = None
+    generated: int | None = None
+    finish: str | None = None
+    error: str | None = None
+    ttft_s: float | None = None
+
+    def accepted(self, accepted: Accepted) -> None:
+        self.model, self.lane = accepted.model, accepted.lane
+        self.prompt_tokens = accepted.prompt_tokens
+
+    def ended(self, outcome: Finished | Failed) -> None:
+        usage = getattr(outcome, "usage", None)
+        if usage is not None:
+            self.generated = usage.completion_tokens
+            self.finish = outcome.finish_reason  # type: ignore[union-attr]
+            self.ttft_s = outcome.timings.ttft_s  # type: ignore[union-attr]
+        else:
+            self.error = getattr(outcome, "code", "failed")
+
+    def fields(self) -> str:
+        parts = [
+            ("model", self.model),
+            ("lane", self.lane),
+            ("prompt", self.prompt_tokens),
+            ("generated", self.generated),
+            ("finish", self.finish),
+            ("error", self.error),
+            ("ttft", None if self.ttft_s is None else f"{self.ttft_s:.3f}s"),
+        ]
+        return " ".join(f"{k}={v}" for k, v in parts if v is not None)
+
+
+def note_of(scope: Any) -> Note:
+    """The request's note (a throwaway one when the request is not logged)."""
+    note = scope.get(_SCOPE_KEY) if isinstance(scope, dict) else None
+    return note if isinstance(note, Note) else Note()
+
+
+def make_request_log(state: AppState):
+    """Litestar middleware factory: logs each ``/v1/`` request once it has been answered."""
+
+    def middleware(app: ASGIApp) -> ASGIApp:
+        async def logged(scope: Scope, receive: Receive, send: Send) -> None:
+            path = scope.get("path", "")
+            if (
+                scope["type"] != "http"
+                or not path.startswith(PREFIX)
+                or not state.settings.server.log_requests
+            ):
+                await app(scope, receive, send)
+                return
+            note = Note()
+            scope[_SCOPE_KEY] = note  # type: ignore[literal-required]
+            status = [0]
+            started = time.perf_counter()
+
+            async def send_and_see(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    status[0] = message["status"]
+                await send(message)
+
+            try:
+                await app(scope, receive, send_and_see)
+            finally:
+                duration = time.perf_counter() - started
+                detail = note.fields()
+                logger.info(
+                    "%s %s %s%s duration=%.3fs",
+                    scope.get("method", "-"),
+                    path,
+                    status[0] or "-",
+                    f" {detail}" if detail else "",
+                    duration,
+                )
+
+        return logged
+
+    return middleware

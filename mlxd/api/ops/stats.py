@@ -1,0 +1,61 @@
+"""``GET /stats``: the engine snapshot as JSON, and who may read it.
+
+The handler serializes :meth:`Engine.snapshot` (an immutable value the engine
+thread swaps in after every step), so reading it never waits on the engine
+loop. The field-by-field contract is docs/api.md ("GET /stats").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from litestar import Controller, Response, get
+from litestar.connection import ASGIConnection
+from litestar.di import Provide
+from litestar.handlers import BaseRouteHandler
+
+from mlxd.api.http.access import admin_refusal, can_read
+from mlxd.api.http.errors import OpenAIError
+from mlxd.api.state import Mlxd, provide_app_state
+from mlxd.config import Settings
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def read_refusal(settings: Settings) -> OpenAIError:
+    """The error for a client that may not read: 401 with a token to present, else 403."""
+    if settings.server.admin_token is None:
+        return OpenAIError(
+            403,
+            "reading is disabled: the server is bound off loopback, [server] admin_token is "
+            "not set and [server] allow_anonymous_read is false",
+            code="read_disabled",
+        )
+    return OpenAIError(
+        401,
+        admin_refusal(settings),
+        code="admin_token_required",
+        headers={"WWW-Authenticate": 'Bearer realm="mlxd"'},
+    )
+
+
+def read_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """Let through readers that :func:`~mlxd.api.http.access.can_read` allows; else a JSON error."""
+    settings = connection.app.state.mlxd.settings
+    if not can_read(connection, settings):
+        raise read_refusal(settings)
+
+
+class StatsController(Controller):
+    path = "/stats"
+    guards = [read_guard]
+    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
+
+    @get("/")
+    async def stats(self, mlxd: Mlxd) -> Response[dict[str, Any]]:
+        """The current snapshot (docs/api.md ("GET /stats"))."""
+        body = mlxd.engine.snapshot().as_dict(time.time())
+        # Every configured model, and the memory budget they share (docs/api.md).
+        body["fleet"] = mlxd.fleet.view().as_dict()
+        return Response(body, headers=NO_STORE)

@@ -1,0 +1,103 @@
+"""The OpenAI Responses routes: ``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``.
+
+Thin: decode and validate (:mod:`mlxd.api.responses.schema`), look up
+``previous_response_id`` in the in-memory store, then run through the same
+:func:`mlxd.api.openai.routes.generate` path as chat completions, rendered by
+:mod:`mlxd.api.responses.render`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, delete, get, post
+from litestar.di import Provide
+from litestar.params import FromPath
+from litestar.response import Stream
+
+from mlxd.api.http.body import read_body
+from mlxd.api.http.errors import OpenAIError
+from mlxd.api.openai.routes import (
+    Output,
+    acquire,
+    api_key_guard,
+    check_accepting,
+    check_generation,
+    generate,
+    released_on_error,
+)
+from mlxd.api.openai.schemas import decode
+from mlxd.api.responses.render import ResponsesOutput
+from mlxd.api.responses.schema import ResponsesRequest, responses_request
+from mlxd.api.state import AppState, Mlxd, provide_app_state
+from mlxd.engine import Accepted
+
+
+def _not_found(rid: str, *, status: int, param: str | None = None) -> OpenAIError:
+    return OpenAIError(
+        status,
+        f"No stored response with id '{rid}': it was never stored (store=false), "
+        "expired ([responses] ttl), was evicted ([responses] max_stored) or the server "
+        "restarted.",
+        code="previous_response_not_found" if param else "response_not_found",
+        param=param,
+    )
+
+
+class ResponsesController(Controller):
+    path = "/v1/responses"
+    guards = [api_key_guard]
+    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
+
+    @post("/", status_code=200)
+    async def create(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:
+        return await _create(request, mlxd)
+
+    @get("/{response_id:str}")
+    async def retrieve(self, mlxd: Mlxd, response_id: FromPath[str]) -> dict[str, Any]:
+        stored = mlxd.responses.get(response_id, ttl=mlxd.settings.responses.ttl)
+        if stored is None:
+            raise _not_found(response_id, status=404)
+        return stored.body
+
+    @delete("/{response_id:str}", status_code=200)
+    async def remove(self, mlxd: Mlxd, response_id: FromPath[str]) -> dict[str, Any]:
+        if not mlxd.responses.delete(response_id, ttl=mlxd.settings.responses.ttl):
+            raise _not_found(response_id, status=404)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
+    check_accepting(state)
+    settings = state.settings
+    body = await read_body(request, settings.limits.max_body_bytes)
+    req = decode(body, ResponsesRequest)
+    previous: tuple[dict, ...] = ()
+    if req.previous_response_id is not None:
+        stored = state.responses.get(req.previous_response_id, ttl=settings.responses.ttl)
+        if stored is None:
+            raise _not_found(req.previous_response_id, status=400, param="previous_response_id")
+        previous = stored.messages
+    lease = await acquire(state, req.model)
+    with released_on_error(lease):
+        call = responses_request(
+            req, lease.settings, previous, faults=state.fault_injection, info=lease.info
+        )
+        await check_generation(
+            state, lease, call.gen, json_param="text.format", tools_param="tool_choice"
+        )
+
+    def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
+        if call.store and call.generate:  # a warm-up has no turn to continue
+            conf = state.settings.responses
+            messages = (*call.history, turn)
+            state.responses.put(
+                call.gen.id, response, messages, max_stored=conf.max_stored, ttl=conf.ttl
+            )
+
+    def make_output(accepted: Accepted) -> Output:
+        return ResponsesOutput(
+            call.gen.id, accepted.model, call.echo, keep, warm_up=not call.generate
+        )
+
+    return await generate(request, state, lease, call.gen, make_output, stream=call.stream)

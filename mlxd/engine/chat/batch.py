@@ -1,0 +1,136 @@
+"""The batched lane: mlx-lm's ``BatchGenerator``, driven by mlxd's admission.
+
+mlxd decides who joins (``insert``) and who leaves early (``remove``);
+``BatchGenerator`` does the rest: chunked, interleaved prefill of up to
+``prompt_concurrency`` prompts, pipelined decode, ``extend`` joins and
+``filter`` evictions.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+
+from mlxd.config import BatchSettings
+from mlxd.engine.chat.loading import LoadedModel
+from mlxd.engine.chat.row import Row
+from mlxd.engine.chat.sampling import (
+    build_processors,
+    build_sampler,
+    guard_processor,
+    guard_sampler,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenOut:
+    row: Row
+    token: int
+    logprobs: mx.array
+    finish_reason: str | None
+    cache: list[Any] | None
+    all_tokens: list[int] | None
+
+
+class BatchLane:
+    """The rows mlxd admitted to the batch, and the generator that steps them."""
+
+    def __init__(self, loaded: LoadedModel, settings: BatchSettings, *, faults: bool = False):
+        self._loaded = loaded
+        self._faults = faults
+        self._gen = self._make_generator(settings)
+        self.rows: dict[int, Row] = {}
+
+    def _make_generator(self, settings: BatchSettings) -> BatchGenerator:
+        eos = sorted(self._loaded.tokenizer.eos_token_ids)
+        return BatchGenerator(
+            self._loaded.model,
+            stop_tokens=[[t] for t in eos],
+            completion_batch_size=settings.size,
+            prefill_batch_size=settings.prompt_concurrency,
+            prefill_step_size=settings.prefill_step_size,
+        )
+
+    def configure(self, settings: BatchSettings) -> None:
+        """Apply new widths live; running rows are untouched."""
+        gen = self._gen
+        gen.prefill_batch_size = settings.prompt_concurrency
+        gen.completion_batch_size = max(settings.size, settings.prompt_concurrency)
+        gen.prefill_step_size = settings.prefill_step_size
+        gen._prompt_batch.prefill_step_size = settings.prefill_step_size
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def nbytes(self) -> int:
+        """Real bytes held by every admitted row's cache."""
+        return self._gen.prompt_cache_nbytes
+
+    def insert(self, row: Row, cache: list[Any] | None, rest: list[int]) -> None:
+        """Hand an admitted row to the generator, starting from ``cache`` if any."""
+        sampler = build_sampler(row.request, self._loaded.info.vocab_size)
+        processors = build_processors(row.request, faults=self._faults, constraint=row.matcher)
+        (uid,) = self._gen.insert(
+            [rest],
+            max_tokens=[row.max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[row.prompt[: len(row.prompt) - len(rest)]] if cache is not None else None,
+            samplers=[guard_sampler(row, sampler) if sampler else None],
+            logits_processors=[[guard_processor(row, p) for p in processors]],
+        )
+        row.uid = uid
+        self.rows[uid] = row
+
+    def stats(self):
+        """``BatchGenerator.stats()``: prefill and decode seconds of the steps in the block."""
+        return self._gen.stats()
+
+    def step(self) -> list[TokenOut]:
+        """One generator step: a decode step for running rows, a prefill chunk for joiners."""
+        prompt_responses, gen_responses = self._gen.next()
+        for r in prompt_responses:
+            row = self.rows.get(r.uid)
+            if row is not None and row.first_token_mono is None:
+                row.phase = "prefill"
+                row.prefill_done = r.progress[0]
+        out = []
+        for r in gen_responses:
+            row = self.rows.get(r.uid)
+            if row is None:
+                continue
+            if r.finish_reason is not None:
+                del self.rows[r.uid]
+            out.append(
+                TokenOut(row, r.token, r.logprobs, r.finish_reason, r.prompt_cache, r.all_tokens)
+            )
+        return out
+
+    def remove(self, rows: list[Row], *, return_caches: bool = False) -> dict[int, Any]:
+        """Take rows out before they finish (stop string, cancel, failure)."""
+        uids = [r.uid for r in rows if r.uid in self.rows]
+        for uid in uids:
+            del self.rows[uid]
+        if not uids:
+            return {}
+        return self._gen.remove(uids, return_prompt_caches=return_caches)
+
+    def reset(self, settings: BatchSettings) -> list[Row]:
+        """Drop every row and start a fresh generator (after a failed step)."""
+        rows = list(self.rows.values())
+        self.rows.clear()
+        try:
+            self._gen.close()
+        except Exception:  # the old generator is beyond use either way
+            logger.exception("closing the failed batch generator")
+        self._gen = self._make_generator(settings)
+        return rows
+
+    def close(self) -> None:
+        self._gen.close()

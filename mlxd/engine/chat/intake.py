@@ -1,0 +1,214 @@
+"""Turning a request's prompt into tokens, with the model that will run it.
+
+Tokenizing happens on the engine thread at intake, so a request is always
+tokenized by the model that serves it (a swap re-tokenizes what is queued)
+and the Hugging Face tokenizer is never shared between threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.config import Settings
+from mlxd.engine.chat.grammar import ConstraintProcessor, GrammarError
+from mlxd.engine.chat.loading import LoadedModel
+from mlxd.engine.chat.output import initial_phase
+from mlxd.engine.checks import IntakeError, check_request
+from mlxd.engine.messages import (
+    ChatPrompt,
+    Constraint,
+    Failed,
+    GenerationRequest,
+    TextPrompt,
+    TokenPrompt,
+)
+from mlxd.engine.policy import admission
+from mlxd.engine.policy.admission import RowExtent
+from mlxd.engine.policy.lanes import LaneDecision, decide
+
+
+def _plain_chat(messages: tuple[dict, ...]) -> str:
+    # For models without a chat template, the same fallback mlx-lm uses.
+    lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
+    return "\n".join(lines) + "\nassistant:"
+
+
+def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
+    """``text``'s token ids, as ``tokenizer.encode(text, add_special_tokens=special)``.
+
+    For Hugging Face's own fast tokenizers this calls the Rust backend
+    directly: it encodes without holding the GIL, and skips transformers'
+    Python post-processing, which holds the GIL for a long while on a long
+    prompt (the engine thread needs the GIL between its MLX calls). Wrappers
+    that preprocess text in Python (mlx-lm's NewlineTokenizer, slow
+    tokenizers) take the ordinary path.
+    """
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is not None and type(hf).__module__.startswith("transformers."):
+        return backend.encode_batch([text], add_special_tokens=special)[0].ids
+    return list(hf.encode(text, add_special_tokens=special))
+
+
+def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
+    """The prompt's token ids.
+
+    Raises:
+        IntakeError: the chat template rejects the messages or the prompt
+            is empty. Token ids are checked before, by ``check_request``.
+    """
+    tokenizer = loaded.tokenizer
+    prompt = request.prompt
+    if isinstance(prompt, ChatPrompt):
+        messages = [dict(m) for m in prompt.messages]
+        if tokenizer.has_chat_template:
+            kwargs = dict(prompt.template_kwargs)
+            if prompt.tools:
+                kwargs["tools"] = [dict(t) for t in prompt.tools]
+            try:
+                text = tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True, **kwargs
+                )
+            except Exception as exc:  # jinja2 TemplateError and friends
+                raise IntakeError(
+                    f"the model's chat template rejected these messages: {exc}", param="messages"
+                ) from exc
+            try:
+                ids = encode(tokenizer, text, special=False)
+            except Exception as exc:
+                raise IntakeError(
+                    f"the messages cannot be tokenized: {exc}", param="messages"
+                ) from exc
+        else:
+            try:
+                ids = encode(tokenizer, _plain_chat(prompt.messages), special=True)
+            except Exception as exc:
+                raise IntakeError(
+                    f"the messages cannot be tokenized: {exc}", param="messages"
+                ) from exc
+    elif isinstance(prompt, TextPrompt):
+        try:
+            ids = encode(tokenizer, prompt.text, special=True)
+        except Exception as exc:  # text the tokenizer cannot take
+            raise IntakeError(f"the prompt cannot be tokenized: {exc}", param="prompt") from exc
+    elif isinstance(prompt, TokenPrompt):
+        ids = list(prompt.ids)  # checked against the vocabulary by check_request
+    else:  # pragma: no cover - the API only builds the three kinds
+        raise IntakeError(f"unknown prompt kind {type(prompt).__name__}")
+    ids = list(ids)
+    if not ids:
+        raise IntakeError("the prompt is empty after tokenization", param="prompt")
+    return ids
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request that passed intake: its tokens, effective max_tokens, lane and projection."""
+
+    prompt: list[int]
+    max_tokens: int
+    decision: LaneDecision
+    extent: RowExtent
+    # Where the output starts: "reasoning" when the prompt opened a think block.
+    phase: str = "normal"
+    # The row's grammar, as a logits processor (mlxd.engine.chat.grammar).
+    constraint: Any = None
+
+
+def check_tools(loaded: LoadedModel, request: GenerationRequest) -> Failed | None:
+    """Tools need the model's tool parser; an enforced call needs its format."""
+    tool_format = loaded.info.tool_format
+    wants = request.parse_tools or (
+        request.constraint is not None and request.constraint.kind == "tools"
+    )
+    if wants and tool_format is None:
+        return Failed(
+            "tools_unsupported",
+            f"The model '{loaded.info.id}' has no tool-call parser, so it cannot take "
+            "'tools' (send tool_choice 'none', or serve a model with tool calling).",
+            400,
+            param="tools",
+        )
+    c = request.constraint
+    if c is not None and c.kind == "tools" and c.tool_format != tool_format:
+        return Failed(
+            "tools_unsupported",
+            f"This request's tool grammar was built for the {c.tool_format} format, but the "
+            f"model '{loaded.info.id}' uses {tool_format}; send it again.",
+            400,
+            param="tool_choice",
+        )
+    return None
+
+
+def prepare(
+    loaded: LoadedModel, request: GenerationRequest, settings: Settings, budget: int
+) -> Prepared | Failed:
+    """Tokenize and check a request against the model's context and the KV budget.
+
+    Thread-safe with respect to the engine: it reads ``loaded`` and calls
+    the tokenizer, and creates no MLX state, so the engine runs it on its
+    intake thread (see :mod:`mlxd.engine.chat.engine`).
+
+    ``max_tokens`` is clamped to the room left in the context. A prompt that
+    leaves no room, or a request whose KV projection alone exceeds the budget
+    (it could never be admitted), is refused with a 400 that says why.
+    """
+    refused = check_tools(loaded, request)
+    if refused is not None:
+        return refused
+    try:
+        check_request(request, loaded.info)
+        prompt = tokenize(loaded, request)
+    except IntakeError as exc:
+        return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]
+    ctx = loaded.info.context_length
+    if len(prompt) >= ctx:
+        return Failed(
+            "context_length_exceeded",
+            f"This model's maximum context length is {ctx} tokens. However, your prompt is "
+            f"{len(prompt)} tokens, which leaves no room to generate.",
+            400,
+            param="messages",
+        )
+    max_tokens = min(request.max_tokens or ctx, ctx - len(prompt))
+    batch = settings.batch
+    extent = admission.row_extent(len(prompt), max_tokens, batch.decode_allowance)
+    alone = admission.never_fits(loaded.layout, extent, budget, batch.prefill_step_size)
+    if alone is not None:
+        return Failed(
+            "context_over_budget",
+            f"This request needs about {alone} bytes of KV cache ({len(prompt)} prompt tokens + "
+            f"{min(max_tokens, batch.decode_allowance)} to generate), more than the KV budget of "
+            f"{budget} bytes. Shorten the prompt or max_tokens, or raise [batch] kv_budget.",
+            400,
+        )
+    decision = decide(request, batch.size, settings.lanes, loaded.capabilities)
+    chat = isinstance(request.prompt, ChatPrompt)
+    phase = initial_phase(loaded.tokenizer, prompt) if chat else "normal"
+    processor = None
+    if request.constraint is not None:
+        processor = constraint_processor(loaded, request.constraint, phase)
+        if isinstance(processor, Failed):
+            return processor
+    return Prepared(prompt, max_tokens, decision, extent, phase, processor)
+
+
+def constraint_processor(loaded: LoadedModel, constraint: Constraint, phase: str) -> Any:
+    """The row's grammar matcher as a logits processor, or a 400 saying why not."""
+    if loaded.grammars is None:
+        return Failed(
+            "invalid_request",
+            f"Structured output is not available for the model '{loaded.info.id}' "
+            "(llguidance could not read its tokenizer).",
+            400,
+            param="response_format",
+        )
+    try:
+        matcher = loaded.grammars.matcher(constraint)
+    except GrammarError as exc:
+        return Failed("invalid_schema", f"The grammar cannot be compiled: {exc}", 400)
+    tok = loaded.tokenizer
+    think_end = tok.think_end_tokens if getattr(tok, "has_thinking", False) else None
+    return ConstraintProcessor(matcher, think_end=think_end, reasoning=phase == "reasoning")

@@ -1,0 +1,302 @@
+"""Loading a model on the engine thread, and what mlxd needs to know about it.
+
+Everything here runs on the engine thread: it creates MLX state.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_reduce
+from mlx_lm import load as mlx_load
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxd.config import ModelSettings
+from mlxd.engine.messages import ModelInfo
+from mlxd.engine.policy.admission import CacheLayout, LayerLayout
+from mlxd.engine.policy.lanes import Capabilities
+
+logger = logging.getLogger(__name__)
+
+# How the load log names the layer cache kinds of admission.LayerLayout.
+_KIND_WORDS = {"full": "full attention", "window": "sliding window", "state": "recurrent state"}
+
+
+class ModelLoadError(Exception):
+    """The configured model cannot be loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    """A model and tokenizer owned by the engine thread."""
+
+    model: Any
+    tokenizer: Any
+    info: ModelInfo
+    layout: CacheLayout
+    capabilities: Capabilities
+    weights_bytes: int
+    # Prompt-cache entries are keyed by this, so a swapped model never sees
+    # another model's cache.
+    key: str
+    # llguidance's tokenizer and compiled-grammar cache (mlxd.engine.chat.grammar).
+    grammars: Any = None
+
+
+def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
+    """The directory to load and the model id to serve it under."""
+    if settings.path:
+        path = Path(settings.path).expanduser()
+        if not path.is_dir():
+            raise ModelLoadError(
+                f"model path {str(path)!r} is not a directory. mlxd loads local mlx-lm "
+                "model directories only (it never downloads): convert or download the "
+                "model first, e.g. `mlx_lm.convert --hf-path ORG/NAME --mlx-path DIR`."
+            )
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{str(path)!r} has no config.json; is it an mlx-lm model directory?"
+            )
+        return path, settings.name or path.name
+
+    from mlxd import demo
+
+    dtype = demo.resolve_demo_dtype(
+        settings.demo_dtype, system=platform.system(), optimized_blas=optimized_blas
+    )
+    try:
+        path = demo.prepare_demo_model(dtype)
+    except demo.DemoModelUnavailable as exc:
+        raise ModelLoadError(str(exc)) from exc
+    return path, settings.name or demo.DEMO_MODEL_ID
+
+
+def _read_template(value: str) -> str:
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read chat_template file {value!r}: {exc}") from exc
+
+
+def _flatten(caches: list[Any]) -> list[Any]:
+    out = []
+    for c in caches:
+        inner = getattr(c, "caches", None)
+        out.extend(_flatten(list(inner)) if inner is not None else [c])
+    return out
+
+
+def _capabilities(model: Any) -> Capabilities:
+    caches = make_prompt_cache(model)
+    missing = sorted({type(c).__name__ for c in _flatten(caches) if not hasattr(type(c), "merge")})
+    if missing:
+        return Capabilities(False, f"caches without batch support: {', '.join(missing)}")
+    return Capabilities(True)
+
+
+def tool_format(tokenizer: Any) -> str | None:
+    """The mlx-lm tool parser module the tokenizer loaded (json_tools, mistral, ...)."""
+    if not tokenizer.has_tool_calling:
+        return None
+    name = tokenizer.init_kwargs.get("tool_parser_type")
+    if name:
+        return str(name)
+    module = getattr(tokenizer.tool_parser, "__module__", "") or ""
+    return module.rsplit(".", 1)[-1] or "unknown"
+
+
+def _grammars(tokenizer: Any, width: int) -> Any:
+    """llguidance's tokenizer, built once per model (up to ~1 s on big vocabularies)."""
+    from mlxd.engine.chat.grammar import Grammars, make_ll_tokenizer
+
+    started = time.perf_counter()
+    try:
+        grammars = Grammars(make_ll_tokenizer(tokenizer, width), width)
+    except Exception:
+        logger.exception("llguidance cannot read this tokenizer; structured output is off")
+        return None
+    logger.info("grammar tokenizer built in %.2fs", time.perf_counter() - started)
+    return grammars
+
+
+def measure_layout(model: Any) -> tuple[CacheLayout, int]:
+    """Measure each layer's cache by running one token through a fresh cache.
+
+    Measuring (rather than reading the config) gets the activation dtype and
+    the per-layer kinds exactly as mlx-lm will allocate them. Also returns
+    the width of the logits (the vocabulary, padded), which bounds every
+    token id a request may carry.
+    """
+    caches = make_prompt_cache(model)
+    logits = model(mx.array([[0]]), cache=caches)
+    width = int(logits.shape[-1])
+    flat = _flatten(caches)
+    mx.eval([c.state for c in flat])
+    layers = []
+    for c in flat:
+        keys = getattr(c, "keys", None)
+        if keys is not None and hasattr(keys, "shape"):
+            per_token = (c.keys.nbytes + c.values.nbytes) // keys.shape[2]
+            window = getattr(c, "max_size", None)
+            if window:
+                layers.append(LayerLayout("window", bytes_per_token=per_token, window=int(window)))
+            else:
+                layers.append(LayerLayout("full", bytes_per_token=per_token))
+        else:
+            layers.append(LayerLayout("state", state_bytes=int(c.nbytes)))
+    return CacheLayout(tuple(layers)), width
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` can stand for (at least 1).
+
+    Vocabulary entries are counted in their stored form, which has at least
+    as many characters as the text they decode to (byte-level BPE stores one
+    character per byte), so a prompt of more than ``context * this``
+    characters certainly has more tokens than the context holds.
+    """
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary view: no bound
+        return 0
+    return max((len(piece) for piece in vocab), default=1) or 1
+
+
+def load_model(
+    settings: ModelSettings,
+    *,
+    optimized_blas: bool,
+    generation: int,
+    loader: Callable[[str, dict[str, Any]], tuple[Any, Any, dict]] | None = None,
+) -> LoadedModel:
+    """Load the configured (or demo) model with ``mlx_lm.load`` and probe it.
+
+    ``loader`` replaces ``mlx_lm.load`` (a cluster rank loads its shard with
+    ``sharded_load``, see :mod:`mlxd.engine.cluster.join`).
+
+    Raises:
+        ModelLoadError: with a message meant for the operator.
+    """
+    path, model_id = resolve_model_path(settings, optimized_blas=optimized_blas)
+    started = time.perf_counter()
+    # Given to the tokenizer before mlx-lm picks its tool parser, so an
+    # override template (or an explicit parser) turns tool calling on.
+    overrides: dict[str, Any] = {}
+    if settings.chat_template:
+        overrides["chat_template"] = _read_template(settings.chat_template)
+    if settings.tool_parser:
+        overrides["tool_parser_type"] = settings.tool_parser
+    try:
+        if loader is not None:
+            model, tokenizer, config = loader(str(path), overrides)
+        else:
+            model, tokenizer, config = mlx_load(
+                str(path), tokenizer_config=overrides, return_config=True
+            )
+    except Exception as exc:
+        name = "sharded_load" if loader is not None else "mlx_lm.load"
+        raise ModelLoadError(f"{name}({str(path)!r}) failed: {exc}") from exc
+
+    declared = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    context = settings.max_context or int(declared)
+    weights = tree_reduce(
+        lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0
+    )
+    layout, logits_width = measure_layout(model)
+    capabilities = _capabilities(model)
+    grammars = _grammars(tokenizer, logits_width)
+    # Every id must index both the tokenizer and the model's embedding/logits.
+    vocab = min(len(tokenizer), logits_width)
+    info = ModelInfo(
+        id=model_id,
+        path=str(path),
+        family=str(config.get("model_type", "unknown")),
+        context_length=context,
+        created=int(time.time()),
+        batchable=capabilities.batchable,
+        cache_kinds=layout.kinds,
+        tool_format=tool_format(tokenizer),
+        reasoning=bool(tokenizer.has_thinking),
+        structured_output=grammars is not None,
+        vocab_size=vocab,
+        max_token_chars=max_token_chars(tokenizer),
+        dtype=describe_dtype(model, config),
+        weights_bytes=weights,
+    )
+    logger.info(
+        "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, KV cache layers: %s; %s",
+        model_id,
+        info.family,
+        path,
+        time.perf_counter() - started,
+        context,
+        weights // 2**20,
+        ", ".join(_KIND_WORDS.get(k, k) for k in layout.kinds),
+        "requests can share a batch"
+        if capabilities.batchable
+        else f"one request at a time, the serial lane ({capabilities.why_not})",
+    )
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        info=info,
+        layout=layout,
+        capabilities=capabilities,
+        weights_bytes=weights,
+        key=f"{path}#{generation}",
+        grammars=grammars,
+    )
+
+
+def describe_dtype(model: Any, config: dict[str, Any]) -> str:
+    """The weights' precision: ``4-bit (group 64)`` when quantized, else the float dtype."""
+    quant = config.get("quantization") or config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("bits"):
+        return f"{quant['bits']}-bit (group {quant.get('group_size', '?')})"
+    dtypes: dict[str, int] = {}
+
+    def count(acc: int, x: Any) -> int:
+        if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.floating):
+            name = str(x.dtype).removeprefix("mlx.core.")
+            dtypes[name] = dtypes.get(name, 0) + x.nbytes
+        return acc
+
+    tree_reduce(count, model, 0)
+    return max(dtypes, key=dtypes.__getitem__) if dtypes else "unknown"
+
+
+def memory_view() -> dict[str, int]:
+    """MLX's allocator right now: active, peak (since start) and cached bytes."""
+    return {
+        "active_bytes": int(mx.get_active_memory()),
+        "peak_bytes": int(mx.get_peak_memory()),
+        "cache_bytes": int(mx.get_cache_memory()),
+    }
+
+
+def device_memory_bytes() -> int:
+    """Memory the KV budget is carved from (see :func:`admission.auto_budget`)."""
+    info = mx.device_info()
+    for key in ("max_recommended_working_set_size", "memory_size", "total_memory"):
+        if info.get(key):
+            return int(info[key])
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_name() -> str:
+    device = mx.default_device()
+    kind = "gpu" if device.type == mx.DeviceType.gpu else "cpu"
+    name = mx.device_info().get("device_name") or platform.machine()
+    return f"{kind} ({name})"

@@ -1,0 +1,163 @@
+"""A request inside the engine: its lane, progress, timings and output.
+
+A :class:`Row` lives on the engine thread only. It turns each sampled token
+into events for its client (text through :class:`TextStream`, logprobs) and
+keeps the numbers the snapshot shows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import mlx.core as mx
+
+from mlxd.engine.channel import Channel
+from mlxd.engine.chat.output import OutputSplitter, Split
+from mlxd.engine.chat.stops import TextStream
+from mlxd.engine.messages import (
+    Delta,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    Lane,
+    Timings,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from mlxd.engine.policy.admission import RowExtent
+
+Phase = Literal["pending", "queued", "prefill", "decode"]
+
+
+@dataclass(eq=False)
+class Row:
+    request: GenerationRequest
+    channel: Channel
+    lane: Lane
+    reason: str
+    prompt: list[int]
+    max_tokens: int
+    text: TextStream
+    tokenizer: Any
+    output: OutputSplitter
+    received_mono: float
+    received_wall: float
+    phase: Phase = "pending"
+    uid: int | None = None
+    extent: RowExtent | None = None
+    projected_bytes: int = 0
+    cached_tokens: int = 0
+    prefill_done: int = 0
+    prefill_total: int = 0
+    generated: int = 0
+    # Every sampled token, end-of-sequence included (what the KV cache holds).
+    generated_ids: list[int] = field(default_factory=list)
+    # The head of the pending queue keeps its prompt-cache lookup while it waits.
+    prefetched: tuple[Any, list[int]] | None = None
+    admitted_mono: float | None = None
+    first_token_mono: float | None = None
+    cancelled: bool = False
+    # The row's grammar matcher (mlxd.engine.chat.grammar), when it is constrained.
+    matcher: Any = None
+    # Set when something raised for this row alone (its logits processor,
+    # sampler or detokenizer); the engine removes the row and reports it.
+    error: BaseException | None = None
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    def admitted(self, cached_tokens: int) -> None:
+        self.admitted_mono = time.monotonic()
+        self.cached_tokens = cached_tokens
+        self.prefill_total = len(self.prompt) - cached_tokens
+        self.phase = "queued" if self.lane == "batch" else "prefill"
+
+    def push_token(self, token: int, logprobs: mx.array | None, *, is_eos: bool) -> bool:
+        """Emit one sampled token; return True when a stop string ended the row."""
+        if self.first_token_mono is None:
+            self.first_token_mono = time.monotonic()
+            self.phase = "decode"
+        self.generated += 1
+        self.generated_ids.append(token)
+        if is_eos:
+            return False
+        piece = self.text.add(token)
+        lps = (
+            (self._logprobs(token, logprobs),)
+            if self.request.logprobs and logprobs is not None
+            else ()
+        )
+        self._push(self.output.feed(piece.text), (token,), lps)
+        return piece.stopped
+
+    def _push(self, split: Split, tokens: tuple[int, ...], lps: tuple = ()) -> None:
+        if tokens or split.text or split.reasoning or split.tool_calls:
+            self.channel.push(
+                Delta(split.text, tokens, lps, split.reasoning, tuple(split.tool_calls))
+            )
+
+    def finish(
+        self, reason: Literal["stop", "length"], *, stopped_by_string: bool = False
+    ) -> Finished:
+        """Release held text and send the final event.
+
+        A row that made a tool call and ended on its own (not cut by length)
+        finishes with ``tool_calls``.
+        """
+        if not stopped_by_string:
+            piece = self.text.finish()
+            self._push(self.output.feed(piece.text), ())
+            if piece.stopped:
+                reason = "stop"
+        self._push(self.output.finish(), ())
+        final: FinishReason = reason
+        if reason == "stop" and self.output.calls:
+            final = "tool_calls"
+        event = Finished(final, self.usage(), self.timings(), stop_sequence=self.text.matched)
+        self.channel.push(event)
+        return event
+
+    def fail(self, failed: Failed) -> None:
+        self.channel.push(failed)
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt), self.generated, self.cached_tokens)
+
+    def timings(self, now: float | None = None) -> Timings:
+        now = time.monotonic() if now is None else now
+        admitted = self.admitted_mono
+        first = self.first_token_mono
+        return Timings(
+            queue_s=(admitted if admitted is not None else now) - self.received_mono,
+            prefill_s=(first - admitted) if first is not None and admitted is not None else None,
+            decode_s=(now - first) if first is not None else None,
+            ttft_s=(first - self.received_mono) if first is not None else None,
+            total_s=now - self.received_mono,
+        )
+
+    def tokens_per_s(self, now: float) -> float:
+        if self.first_token_mono is None or self.generated < 2:
+            return 0.0
+        elapsed = now - self.first_token_mono
+        return (self.generated - 1) / elapsed if elapsed > 0 else 0.0
+
+    def _logprobs(self, token: int, logprobs: mx.array) -> TokenLogprob:
+        top: tuple[TopLogprob, ...] = ()
+        n = min(self.request.top_logprobs, logprobs.shape[-1])
+        if n > 0:
+            ids = mx.argpartition(-logprobs, kth=n - 1)[:n]
+            values = logprobs[ids]
+            order = mx.argsort(-values)
+            pairs = zip(ids[order].tolist(), values[order].tolist(), strict=True)
+            top = tuple(self._top(i, lp) for i, lp in pairs)
+        chosen = self._top(token, logprobs[token].item())
+        return TokenLogprob(chosen.token, token, chosen.logprob, chosen.bytes, top)
+
+    def _top(self, token: int, logprob: float) -> TopLogprob:
+        text = self.tokenizer.decode([token])
+        return TopLogprob(token=text, id=token, logprob=logprob, bytes=tuple(text.encode()))

@@ -1,0 +1,150 @@
+"""Building the immutable :class:`Snapshot` from the engine thread's state."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from mlxd.engine.policy import admission
+from mlxd.engine.snapshot import (
+    BatchView,
+    ModelView,
+    PendingView,
+    RowView,
+    Snapshot,
+)
+
+if TYPE_CHECKING:
+    from mlxd.engine.chat.core import EngineCore
+    from mlxd.engine.chat.row import Row
+
+
+def _row_view(row: Row, now: float, kv_bytes: int, projected: int) -> RowView:
+    return RowView(
+        id=row.id,
+        api=row.request.api,
+        lane=row.lane,
+        phase=row.phase,
+        prompt_tokens=len(row.prompt),
+        cached_tokens=row.cached_tokens,
+        prefill_done=row.prefill_done,
+        prefill_total=row.prefill_total,
+        generated_tokens=row.generated,
+        max_tokens=row.max_tokens,
+        tokens_per_s=round(row.tokens_per_s(now), 2),
+        received_at=row.received_wall,
+        kv_bytes=kv_bytes,
+        projected_kv_bytes=projected,
+        constraint=row.request.constraint.kind if row.request.constraint else None,
+        output={"normal": "answer"}.get(row.output.phase, row.output.phase),
+    )
+
+
+def build_snapshot(
+    core: EngineCore, *, state: str, cluster: dict[str, Any] | None = None
+) -> Snapshot:
+    """One consistent, immutable view of ``core``; called on the engine thread."""
+    now, wall = time.monotonic(), time.time()
+    settings = core.settings
+    loaded = core.loaded
+    layout = loaded.layout if loaded else None
+    step = settings.batch.prefill_step_size
+
+    rows: list[RowView] = []
+    batch_rows = list(core.batch.rows.values()) if core.batch is not None else []
+    batch_bytes = core.batch.nbytes if core.batch is not None else 0
+    projected = (
+        admission.project_batch_bytes(layout, [r.extent for r in batch_rows], step)
+        if layout and batch_rows
+        else 0
+    )
+    n = max(len(batch_rows), 1)
+    rows.extend(_row_view(r, now, batch_bytes // n, projected // n) for r in batch_rows)
+    serial_bytes = 0
+    if core.serial is not None:
+        serial_bytes = core.serial.nbytes
+        row = core.serial.row
+        alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
+        rows.append(_row_view(row, now, serial_bytes, alone))
+        projected += alone
+
+    pending = []
+    blocked = core.waiting_for or "batch_full"
+    for row in core.pending:
+        alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
+        pending.append(
+            PendingView(
+                row.id, row.request.api, "batch", row.received_wall, len(row.prompt), alone, blocked
+            )
+        )
+    for row in core.serial_queue:
+        alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
+        pending.append(
+            PendingView(
+                row.id,
+                row.request.api,
+                "serial",
+                row.received_wall,
+                len(row.prompt),
+                alone,
+                "serial_lane",
+            )
+        )
+
+    live = batch_bytes + serial_bytes
+    info = loaded.info if loaded else None
+    batched = settings.batch.size > 1 and bool(info and info.batchable)
+    open_drain = core.drains.open
+    return Snapshot(
+        taken_at=wall,
+        started_at=core.started_wall,
+        state=state,
+        model=ModelView(
+            name=info.id if info else None,
+            path=info.path if info else None,
+            family=info.family if info else None,
+            context=info.context_length if info else None,
+            batchable=bool(info and info.batchable),
+            cache_kinds=info.cache_kinds if info else (),
+            status=core.model_status,
+            error=core.model_error,
+            vocab_size=info.vocab_size if info else None,
+            dtype=info.dtype if info else None,
+            weights_bytes=info.weights_bytes if info else 0,
+        ),
+        mode="batch" if settings.batch.size > 1 else "serial",
+        batch=BatchView(
+            configured=settings.batch.size,
+            batched=batched,
+            active_rows=len(rows),
+            pending_rows=len(pending),
+            prefilling_rows=sum(1 for r in rows if r.phase == "prefill"),
+            kv_bytes=live,
+            kv_projected_bytes=projected,
+            kv_budget_bytes=core.budget_bytes,
+            kv_budget_auto=settings.batch.kv_budget == "auto",
+            max_active_rows_seen=core.max_active_seen,
+            max_kv_bytes_seen=core.max_kv_seen,
+            admission_paused=open_drain.reason if open_drain else None,
+        ),
+        rows=tuple(rows),
+        pending=tuple(pending),
+        drains=core.drains.events(),
+        reloads=tuple(reversed(core.reloads)),
+        prompt_cache=core.prompt_cache.view(core.counters.cached_tokens),
+        counters={
+            **core.counters.view(),
+            "drains": core.drains.total,
+            "drain_paused_seconds": round(core.drains.total_paused_s, 3),
+        },
+        throughput=core.throughput.view(wall),
+        config=core.config,
+        runtime=dict(core.runtime),
+        last_step_at=core.last_step_wall,
+        last_error=core.last_error,
+        last_error_at=core.last_error_at,
+        memory=core.memory(),
+        history=core.peaks.view(wall),
+        busy=core.busy or core.intaking > 0,
+        cluster=cluster,
+    )

@@ -1,0 +1,104 @@
+"""What the fleet of models looks like from outside: plain frozen values.
+
+The fleet (:mod:`mlxd.engine.fleet.fleet`) runs on the event loop and owns one
+slot per configured model; readers (``/v1/models``, ``/stats``, ``/metrics``,
+the dashboard) take :class:`FleetView`, rebuilt on demand, and never touch
+the slots. :class:`FleetRefusal` carries a request's refusal (unknown model,
+wrong kind, a load that failed, a model that can never fit) as the engine's
+:class:`~mlxd.engine.messages.Failed`, so every API renders it in its shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mlxd.engine.messages import Failed
+
+# A slot's states: unloaded -> loading -> loaded -> unloading -> unloaded;
+# a load that fails leaves it "failed" (the next request tries again).
+STATES = ("unloaded", "loading", "loaded", "unloading", "failed")
+
+
+class FleetRefusal(Exception):
+    """A request the fleet cannot serve; ``failed`` says why, with the status."""
+
+    def __init__(self, failed: Failed):
+        super().__init__(failed.message)
+        self.failed = failed
+
+
+@dataclass(frozen=True)
+class FleetEvent:
+    """A load, a failed load or an unload (idle, evicted, by an admin, removed)."""
+
+    at: float
+    model: str
+    kind: str  # loaded | load_failed | unloaded | evicted | idle | removed | added
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """One configured model: its entry, where it stands, what it holds."""
+
+    id: str
+    kind: str  # chat | embedding
+    path: str | None
+    aliases: tuple[str, ...]
+    state: str  # one of STATES
+    default: bool
+    pinned: bool
+    keep_alive: float | str  # seconds, or "forever"
+    # Bytes held in the memory budget: weights (+ the prompt cache cap) and KV.
+    weights_bytes: int
+    reserved_bytes: int
+    kv_bytes: int
+    prompt_cache_bytes: int
+    # Requests holding the model (waiting for it, queued or running in it).
+    active: int
+    # Requests waiting for this model to load (behind a load, or for memory).
+    waiting: int
+    wait_reason: str | None
+    last_used: float | None
+    loaded_at: float | None
+    load_seconds: float | None
+    error: str | None
+    # What the model can do, once it has been loaded (ModelInfo fields); {} before.
+    capabilities: dict[str, Any]
+    # The engine's own numbers (rows, queue, tokens) when loaded; {} otherwise.
+    engine: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """Every configured model and the memory budget they share (``/stats`` ``models``)."""
+
+    budget_bytes: int
+    used_bytes: int
+    models: tuple[ModelState, ...]
+    events: tuple[FleetEvent, ...]
+    # Loads waiting for memory, first in line first.
+    memory_queue: tuple[str, ...] = ()
+    # Every event since start, counted: (model, kind, count).
+    event_totals: tuple[tuple[str, str, int], ...] = ()
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.budget_bytes - self.used_bytes)
+
+    def get(self, model_id: str) -> ModelState | None:
+        return next((m for m in self.models if m.id == model_id), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "budget_bytes": self.budget_bytes,
+            "used_bytes": self.used_bytes,
+            "free_bytes": self.free_bytes,
+            "memory_queue": list(self.memory_queue),
+            "models": [m.as_dict() for m in self.models],
+            "events": [asdict(e) for e in self.events],
+        }

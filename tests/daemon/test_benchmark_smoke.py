@@ -1,0 +1,122 @@
+"""``benchmarks/serving.py --quick`` runs end to end on a tiny model.
+
+This checks that the script works (mlxd, the batch_generate ceiling and
+mlx_lm.server are started, driven and reported), not how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import ROOT
+
+SYSTEMS = ("mlxd", "ceiling", "mlx_lm_server")
+POSITIVE = (
+    "e2e_tps",
+    "decode_tps",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "itl_p50_ms",
+    "itl_p95_ms",
+    "wall_s",
+)
+
+
+def test_quick_benchmark_writes_json_and_table(tiny_models, tmp_path: Path) -> None:
+    out = tmp_path / "serving.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "serving.py"), "--quick",
+        "--model", str(tiny_models("llama")), "--mlx-lm-server",
+        "--stats-interval", "0.02", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    report = json.loads(out.read_text())
+    assert report["settings"]["concurrency"] == [1, 4]
+    assert report["settings"]["max_tokens"] == 16
+    env = report["environment"]
+    for key in (
+        "model_path",
+        "model_dtype",
+        "mlx",
+        "mlx_lm",
+        "cpu_count",
+        "mlxd_runtime",
+        "ceiling_runtime",
+    ):
+        assert env[key], key
+    assert "blas" in env["mlxd_runtime"] and "blas" in env["ceiling_runtime"]
+
+    assert set(report["results"]) == set(SYSTEMS)
+    for system in SYSTEMS:
+        for c in (1, 4):
+            entry = report["results"][system][str(c)]
+            m = entry["median"]
+            assert m["errors"] == 0, (system, c, entry)
+            assert m["streams"] == c
+            assert 0 < m["tokens"] <= 16 * c, (system, c, m)
+            for key in POSITIVE:
+                assert m[key] > 0, (system, c, key, m)
+            assert len(entry["texts"]) == c
+    ceiling = report["results"]["ceiling"]["4"]["median"]
+    assert ceiling["peak_kv_bytes"] > 0
+    mlxd_kv = report["results"]["mlxd"]["4"]["median"]["peak_kv_bytes"]
+    assert mlxd_kv is None or mlxd_kv > 0  # None: no /stats poll landed inside the wave
+
+    table = done.stdout
+    assert "| C | mlxd tok/s | ceiling tok/s | mlxd/ceiling |" in table
+    assert "\n| 4 | " in table
+
+
+def test_prompt_concurrency_sweep_runs_each_value(tiny_models, tmp_path: Path) -> None:
+    out = tmp_path / "pc.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "prompt_concurrency.py"), "--quick",
+        "--values", "1,4", "--repeats", "1", "--model", str(tiny_models("llama")),
+        "--stats-interval", "0.02", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["values"] == [1, 4] and report["concurrency"] == [1, 4]
+    for p in ("1", "4"):
+        for c in ("1", "4"):
+            (run,) = report["runs"][p][c]
+            assert run["errors"] == 0 and run["streams"] == int(c)
+            assert run["e2e_tps"] > 0 and run["ttft_p50_ms"] > 0, (p, c, run)
+    assert "\n| 4 | 4 | " in done.stdout and "\n| 1 | 1 | " in done.stdout
+
+
+def test_structured_benchmark_runs_on_a_tiny_model(tiny_models, tmp_path: Path) -> None:
+    out = tmp_path / "structured.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "structured.py"),
+        "--model", str(tiny_models("llama")), "--waves", "1", "--max-tokens", "16",
+        "--concurrency", "4", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    waves = report["throughput"]["waves"]
+    assert [w["constrained"] for w in waves] == [False, True]
+    assert all(w["tokens"] == 4 * 16 and w["tps"] > 0 for w in waves)
+    comp = report["compile"]
+    assert comp["schemas"] >= 10 and 0 < comp["cached_p50_ms"] < comp["cold_p50_ms"]
+    assert "| 4 | 16 |" in done.stdout
+
+
+def test_fleet_benchmark_runs_on_two_tiny_models(tiny_models) -> None:
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "fleet.py"),
+        "--a", str(tiny_models("llama")), "--b", str(tiny_models("llama_b")),
+        "--tokens", "8", "--concurrency", "2", "--cycles", "2",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "| cold TTFT (load + prefill), s |" in done.stdout
+    assert "2 streams to each model at once:" in done.stdout
+    assert "(2 evictions in 2 requests)" in done.stdout

@@ -1,0 +1,173 @@
+"""Several models at once, the demo model among them (issue 12).
+
+The demo model (SmolLM2) and two tiny models in one daemon: streams to
+different models make progress together, a long prefill of the demo model
+does not hold a tiny model's stream, and a reload that removes one model
+and adds another while streams run loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import httpx
+import pytest
+
+from tests.support.daemon import Daemon, toml_config
+
+DEMO = "demo"
+
+
+def registry(tiny_models, *, with_b: bool = True, with_c: bool = False) -> dict:
+    models = {
+        # Its own sampling defaults: it samples while the tiny models are greedy.
+        DEMO: {"pin": True, "sampling": {"temperature": 0.8}},
+        "a": {"path": str(tiny_models("llama")), "pin": True},
+    }
+    if with_b:
+        models["b"] = {"path": str(tiny_models("llama_b")), "aliases": ["bee-*"]}
+    if with_c:
+        models["c"] = {"path": str(tiny_models("llama", seed=1))}
+    return models
+
+
+def config(tiny_models, **kw) -> str:
+    return toml_config(
+        batch={"size": 4},
+        sampling={"temperature": 0.0},
+        models=registry(tiny_models, **kw),
+    )
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, tiny_models):
+    d = Daemon(tmp_path_factory.mktemp("fleet-demo"), config(tiny_models)).start()
+    yield d
+    d.stop()
+
+
+async def timed_stream(client, model: str, prompt: str, max_tokens: int) -> list[float]:
+    """Arrival times of a stream's content chunks; the last item is its completion tokens."""
+    times: list[float] = []
+    usage = None
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content is not None:
+            times.append(time.monotonic())
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+    assert usage is not None, "the stream ended without its usage chunk"
+    return [*times, usage]
+
+
+def test_streams_to_two_models_interleave(daemon):
+    async def main():
+        client = daemon.async_openai()
+        return await asyncio.gather(
+            timed_stream(client, DEMO, "Tell me about the sea.", 60),
+            timed_stream(client, "a", "story", 400),
+        )
+
+    demo, tiny = asyncio.run(main())
+    assert 0 < demo.pop() <= 60 and tiny.pop() == 400
+    # Both made progress in the same interval: each one's chunks arrive
+    # between the other's first and last, many times over.
+    overlap_start, overlap_end = max(demo[0], tiny[0]), min(demo[-1], tiny[-1])
+    assert overlap_end > overlap_start, "one stream finished before the other began"
+    during = [t for t in tiny if overlap_start <= t <= overlap_end]
+    demo_during = [t for t in demo if overlap_start <= t <= overlap_end]
+    assert len(during) >= 10 and len(demo_during) >= 10, (len(during), len(demo_during))
+
+
+def test_each_model_samples_with_its_own_defaults(daemon):
+    client = daemon.openai()
+
+    def twice(model: str) -> tuple[str, str]:
+        return tuple(  # type: ignore[return-value]
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "Name three colours."}],
+                max_tokens=24,
+            )
+            .choices[0]
+            .message.content
+            for _ in range(2)
+        )
+
+    greedy = twice("a")
+    assert greedy[0] == greedy[1]  # [sampling] temperature = 0 for a
+    sampled = [twice(DEMO) for _ in range(2)]
+    assert any(x != y for x, y in sampled), sampled  # the demo model's own 0.8
+
+
+def test_a_long_prefill_of_one_model_does_not_hold_another_models_stream(daemon):
+    # About 800 tokens: two prefill chunks, seconds of work for the demo model on a CPU.
+    long_prompt = " ".join(f"item {i} is blue;" for i in range(100))
+
+    async def main():
+        client = daemon.async_openai()
+        tiny = asyncio.create_task(timed_stream(client, "a", "story", 800))
+        await asyncio.sleep(0.5)  # the tiny stream is running
+        sent = time.monotonic()
+        reply = await client.chat.completions.create(
+            model=DEMO, messages=[{"role": "user", "content": long_prompt}], max_tokens=1
+        )
+        answered = time.monotonic()
+        times = await tiny
+        return times[:-1], sent, answered, reply
+
+    times, sent, answered, reply = asyncio.run(main())
+    prompt_tokens = reply.usage.prompt_tokens
+    step = 512  # [batch] prefill_step_size: the demo model's prefill chunk
+    chunks = -(-prompt_tokens // step)
+    assert prompt_tokens > step and answered - sent > 1.0, (prompt_tokens, answered - sent)
+    during = [b - a for a, b in itertools.pairwise(times) if a >= sent and b <= answered]
+    assert len(during) > 20, "the tiny stream stopped while the demo model prefilled"
+    # The tiny model's worst gap is below one prefill chunk of the demo model.
+    one_chunk = (answered - sent) / chunks
+    assert max(during) < one_chunk, (max(during), one_chunk, chunks)
+
+
+def test_reload_adds_and_removes_models_under_load_and_every_stream_completes(daemon, tiny_models):
+    async def main():
+        client = daemon.async_openai()
+        streams = [
+            asyncio.create_task(timed_stream(client, model, f"story {i}", n))
+            for i, (model, n) in enumerate([("a", 300), ("b", 300), ("bee-1", 300), (DEMO, 40)])
+        ]
+        while (
+            sum(m["active"] for m in (await asyncio.to_thread(daemon.stats))["fleet"]["models"]) < 4
+        ):
+            await asyncio.sleep(0.05)
+        daemon.write_config(config(tiny_models, with_b=False, with_c=True))
+        reload = (await asyncio.to_thread(daemon.reload)).json()
+        return reload, await asyncio.gather(*streams)
+
+    reload, streams = asyncio.run(main())
+    assert reload["outcome"] == "applied", reload
+    assert {"models.b", "models.c"} <= set(reload["applied"])
+    # Every stream ran to its end, b's two too: a removed model finishes first.
+    assert [times[-1] for times in streams[:3]] == [300, 300, 300]
+    assert 0 < streams[3][-1] <= 40  # the demo model samples: it may stop early
+    gone = httpx.post(
+        f"{daemon.url}/v1/chat/completions",
+        json={"model": "b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+        timeout=60,
+    )
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+    reply = daemon.openai().chat.completions.create(
+        model="c", messages=[{"role": "user", "content": "x"}], max_tokens=2
+    )
+    assert reply.model == "c"
+    fleet = daemon.stats()["fleet"]
+    assert [m["id"] for m in fleet["models"]] == [DEMO, "a", "c"]
+    kinds = [(e["model"], e["kind"]) for e in fleet["events"]]
+    assert ("b", "removed") in kinds and ("c", "added") in kinds

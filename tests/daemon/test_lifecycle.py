@@ -1,0 +1,154 @@
+"""Hardening around the daemon's life: abandoned requests and SIGTERM, a model
+path typo in a reload, binding off loopback without an admin token."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.support.daemon import Daemon, toml_config
+
+
+def _tiny_config(tiny_models, **sections) -> str:
+    return toml_config(
+        model={"path": str(tiny_models("llama"))},
+        batch={"size": 4},
+        sampling={"temperature": 0.0},
+        **sections,
+    )
+
+
+def _wait(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _abandon(d: Daemon, model: str, out: list, *, stream: bool) -> None:
+    """A client that gives up after 0.5 s, mid-generation (noted in ``out``)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "go on"}],
+        "max_tokens": 4000,
+        "stream": stream,
+    }
+    try:
+        with httpx.Client(base_url=d.url, timeout=0.5) as client:
+            if stream:
+                with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    for _ in r.iter_lines():
+                        pass
+            else:
+                client.post("/v1/chat/completions", json=body)
+    except httpx.TimeoutException:
+        out.append(stream)
+
+
+def test_abandoned_requests_end_their_handlers_and_sigterm_is_prompt(tmp_path, tiny_models):
+    d = Daemon(tmp_path, _tiny_config(tiny_models, server={"shutdown_timeout": 1.0})).start()
+    try:
+        model = d.model_id()
+        gave_up: list[bool] = []
+        threads = [
+            threading.Thread(
+                target=_abandon, args=(d, model, gave_up), kwargs={"stream": i % 2 == 0}
+            )
+            for i in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        _wait(lambda: not d.stats()["busy"])
+        # (A random-weight row may end early; most outlast their client.)
+        assert len(gave_up) >= 4 and False in gave_up
+        assert d.stats()["counters"]["requests"]["batch"]["cancelled"] == len(gave_up)
+        started = time.monotonic()
+        d.signal(signal.SIGTERM)
+        assert d.proc.wait(30) == 0
+        took = time.monotonic() - started
+    finally:
+        d.stop()
+    log = d.log()
+    # uvicorn reports handler tasks it had to cancel; there must be none left.
+    assert "graceful shutdown exceeded" not in log, log[-2000:]
+    assert "Cancel " not in log
+    assert took < 1.0 + 2.5, took
+
+
+def test_model_path_typo_is_refused_before_anything_drains(tmp_path, tiny_models):
+    good = _tiny_config(tiny_models)
+    d = Daemon(tmp_path, good).start()
+    try:
+        model = d.model_id()
+        out: dict = {}
+
+        def stream():
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": "long"}],
+                "max_tokens": 3000,
+                "stream": True,
+            }
+            with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=120) as r:
+                out["lines"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+
+        t = threading.Thread(target=stream)
+        t.start()
+        _wait(lambda: d.stats()["batch"]["active_rows"] == 1)
+        for bad in ("/no/such/model", str(tmp_path)):  # missing; a directory with no model
+            d.write_config(good.replace(str(tiny_models("llama")), bad))
+            started = time.monotonic()
+            r = d.reload()
+            assert r.status_code == 400, r.text
+            assert time.monotonic() - started < 2
+            body = r.json()
+            assert body["error"]["code"] == "invalid_config"
+            assert "[model] path" in body["error"]["message"]
+            stats = d.stats()
+            assert stats["batch"]["active_rows"] == 1  # the stream was never drained
+            assert not stats["drains"], stats["drains"]
+        d.write_config(good)
+        t.join(120)
+        assert out["lines"][-1] == "data: [DONE]"
+        assert stats["model"]["name"] == model
+    finally:
+        d.stop()
+
+
+def test_check_config_checks_the_model_directory(tmp_path):
+    config = tmp_path / "mlxd.toml"
+    config.write_text(toml_config(model={"path": str(tmp_path / "missing")}))
+    cmd = [sys.executable, "-m", "mlxd", "check-config", str(config)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "[model] path" in r.stderr and "is not a directory" in r.stderr
+    (tmp_path / "missing").mkdir()
+    (tmp_path / "missing" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no *.safetensors weights" in r.stderr
+
+
+@pytest.mark.parametrize("exposed", [True, False])
+def test_off_loopback_without_admin_token_is_loud(tmp_path, tiny_models, exposed):
+    host = "0.0.0.0" if exposed else "127.0.0.1"
+    config = _tiny_config(tiny_models, server={"host": host, "allow_anonymous_read": True})
+    d = Daemon(tmp_path, config).start()
+    try:
+        page = httpx.get(f"{d.url}/dashboard", timeout=10)
+        assert page.status_code == 200
+    finally:
+        d.stop()
+    warned = "SECURITY: mlxd is bound to 0.0.0.0" in d.log()
+    banner = 'id="exposure-banner"' in page.text
+    assert warned is exposed and banner is exposed
+    if exposed:
+        assert "/v1 is open to anyone" in page.text

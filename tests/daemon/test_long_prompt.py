@@ -1,0 +1,104 @@
+"""A huge prompt must not stall the streams already running (demo model).
+
+Tokenizing a long prompt takes about a second on this kind of machine. It
+happens on the engine's intake thread, so a running stream keeps its pace:
+its inter-token gap while another request is tokenized may grow by at most
+one normal step. Prompts that certainly exceed the context are refused from
+their length alone, before any tokenizing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.support.daemon import Daemon, toml_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    # One BLAS thread leaves the second core of a 2-core CI machine to the
+    # intake thread, so the test sees stalls, not CPU contention.
+    config = toml_config(batch={"size": 4}, sampling={"temperature": 0.0}, runtime={"threads": 1})
+    d = Daemon(tmp_path_factory.mktemp("demo-hardening"), config).start(timeout=900)
+    yield d
+    d.stop()
+
+
+def _stream(d: Daemon, model: str, times: list[float]) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}],
+        "max_tokens": 160,
+        "stream": True,
+        # Keep the story going: the end-of-turn token is forbidden.
+        "logit_bias": {"2": -100},
+    }
+    with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"]:
+                times.append(time.monotonic())
+
+
+def test_a_huge_prompt_does_not_stall_running_streams(daemon):
+    model = daemon.model_id()
+    info = httpx.get(f"{daemon.url}/v1/models", timeout=10).json()["data"][0]
+    times: list[float] = []
+    t = threading.Thread(target=_stream, args=(daemon, model, times))
+    t.start()
+    deadline = time.monotonic() + 120
+    while len(times) < 40:
+        assert time.monotonic() < deadline and t.is_alive()
+        time.sleep(0.01)
+    # Under the cheap length bound, so it is really tokenized (digits are one
+    # token each: seconds of work), then refused: far more tokens than the
+    # context holds.
+    text = "".join(random.Random(0).choices("0123456789", k=600_000))
+    sent_at = time.monotonic()
+    r = httpx.post(
+        f"{daemon.url}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": text}]},
+        timeout=120,
+    )
+    answered_at = time.monotonic()
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "characters" not in r.json()["error"]["message"]  # it was tokenized
+    # A multi-megabyte prompt is refused from its length, before tokenizing.
+    huge = "x" * 3_900_000
+    started = time.monotonic()
+    r = httpx.post(
+        f"{daemon.url}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": huge}]},
+        timeout=120,
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "characters" in r.json()["error"]["message"]
+    assert time.monotonic() - started < 2
+    t.join(300)
+    assert answered_at - sent_at > 0.2, "the prompt was not really tokenized"
+    gaps = list(itertools.pairwise(times))
+    before = [b - a for a, b in gaps if b < sent_at]
+    # Every gap that overlaps the time the big prompt was being handled.
+    during = [b - a for a, b in gaps if b >= sent_at and a <= answered_at]
+    step = statistics.median(before[5:])
+    assert during, "no token arrived while the prompt was tokenized"
+    print(
+        f"step {step * 1000:.0f} ms; while a {answered_at - sent_at:.1f} s prompt was "
+        f"tokenized, worst gap {max(during) * 1000:.0f} ms over {len(during)} tokens"
+    )
+    # Allowed: one normal step more than the stream's usual worst gap.
+    usual = sorted(before)[int(0.9 * len(before))]
+    assert max(during) <= usual + step + 0.03, (step, usual, sorted(during)[-5:])
+    # A stall would have been visible: tokenizing took several steps' time.
+    assert answered_at - sent_at > 3 * step
+    assert info["max_token_chars"] * info["context_length"] < len(huge)

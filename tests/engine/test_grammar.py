@@ -1,0 +1,147 @@
+"""The llguidance pieces on a real tokenizer: mask application, the compiled-grammar
+LRU, every EOS id, and the row processor's think gate. No model weights run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from llguidance.numpy import apply_token_bitmask_inplace
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+from mlxd.engine.chat.grammar import (
+    ConstraintProcessor,
+    GrammarError,
+    Grammars,
+    apply_mask,
+    make_ll_tokenizer,
+)
+from mlxd.engine.constraints import StructureError, json_constraint, tool_constraint
+from tests.support.tinymodels import tiny_model_dir
+
+WIDTH = 544  # padded past the 514-token vocabulary, like real checkpoints
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(Path(tiny_model_dir("llama", template="hermes_think")))
+
+
+@pytest.fixture(scope="module")
+def grammars(tok):
+    return Grammars(make_ll_tokenizer(tok, WIDTH), WIDTH, capacity=2)
+
+
+def bits(bitmask: bytes) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little")[:WIDTH]
+
+
+def test_portable_mask_matches_llguidance_numpy_reference():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        logits = rng.normal(size=(1, WIDTH)).astype(np.float32)
+        mask = rng.integers(-(2**31), 2**31, size=(1, (WIDTH + 31) // 32), dtype=np.int64)
+        mask = mask.astype(np.int32)
+        expected = logits.copy()
+        apply_token_bitmask_inplace(expected, mask)
+        got = apply_mask(mx.array(logits), mask.tobytes(), metal=False)
+        assert np.array_equal(np.array(got), expected)
+
+
+@pytest.mark.skipif(not mx.metal.is_available(), reason="llguidance's Metal kernel needs Metal")
+def test_metal_kernel_matches_the_portable_path():  # pragma: no cover - Apple silicon only
+    rng = np.random.default_rng(1)
+    logits = mx.array(rng.normal(size=(1, WIDTH)).astype(np.float32))
+    mask = rng.integers(0, 2**31, size=((WIDTH + 31) // 32,), dtype=np.int64).astype(np.int32)
+    a = apply_mask(logits, mask.tobytes(), metal=True)
+    b = apply_mask(logits, mask.tobytes(), metal=False)
+    assert np.array_equal(np.array(a), np.array(b))
+
+
+def test_masks_are_sized_to_the_logits_and_allow_every_eos(tok, grammars):
+    c = json_constraint({"enum": ["x"]}, strict=True, param="p")
+    matcher = grammars.matcher(c)
+    for t in tok.encode('"x"', add_special_tokens=False):
+        assert bits(matcher.compute_bitmask())[t]
+        assert matcher.consume_token(t)
+    end = bits(matcher.compute_bitmask())
+    assert set(np.nonzero(end)[0]) == set(tok.eos_token_ids)
+    assert len(matcher.compute_bitmask()) * 8 >= WIDTH
+
+
+def test_compiled_grammars_are_cached_by_hash_with_lru_eviction(grammars):
+    a, b, c = (json_constraint({"const": n}, strict=True, param="p") for n in (1, 2, 3))
+    assert grammars.warm(a)[1] is False
+    assert grammars.warm(a)[1] is True
+    assert a.key == json_constraint({"const": 1}, strict=True, param="p").key
+    grammars.warm(b)
+    grammars.warm(c)  # capacity 2: a is evicted
+    assert grammars.warm(a)[1] is False
+    # Each row gets its own matcher: consuming in one leaves the other fresh.
+    m1, m2 = grammars.matcher(b), grammars.matcher(b)
+    assert m1.consume_token(m1_first := int(np.nonzero(bits(m1.compute_bitmask()))[0][0]))
+    assert bits(m2.compute_bitmask())[m1_first]
+
+
+def test_strict_refuses_unenforceable_keywords_and_names_them():
+    for keyword, schema in (
+        ("uniqueItems", {"type": "array", "uniqueItems": True}),
+        ("not", {"not": {"type": "string"}}),
+    ):
+        with pytest.raises(StructureError, match=keyword) as err:
+            json_constraint(schema, strict=True, param="response_format")
+        assert err.value.code == "invalid_schema"
+        json_constraint(schema, strict=False, param="response_format")  # ignored when lenient
+    with pytest.raises(StructureError):
+        json_constraint({"type": "bogus"}, strict=False, param="response_format")
+
+
+def test_tool_formats_without_a_grammar_are_refused_by_name():
+    tools = [{"name": "f", "parameters": {"type": "object"}, "strict": False}]
+    with pytest.raises(StructureError, match="pythonic") as err:
+        tool_constraint(tools, tool_format="pythonic", parallel=False, param="tool_choice")
+    assert err.value.code == "tool_format_unsupported"
+
+
+def test_processor_starts_masking_after_think_end(tok, grammars):
+    c = json_constraint({"type": "boolean"}, strict=True, param="p")
+    proc = ConstraintProcessor(
+        grammars.matcher(c), think_end=tok.think_end_tokens, reasoning=True, metal=False
+    )
+    logits = mx.zeros((1, WIDTH))
+    prompt = mx.array([1, 2, 3])
+    assert np.isfinite(np.array(proc(prompt, logits))).all()  # reasoning: free
+    free = mx.concatenate([prompt, mx.array([5])])
+    assert np.isfinite(np.array(proc(free, logits))).all()
+    ended = mx.concatenate([free, mx.array([tok.think_end_id])])
+    masked = np.array(proc(ended, logits))[0]
+    allowed = set(np.nonzero(np.isfinite(masked))[0])
+    first = {t for t in allowed if tok.decode([t]) and tok.decode([t])[0] in "tf"}
+    assert allowed and allowed == first
+    token = int(min(allowed))
+    after = mx.concatenate([ended, mx.array([token])])
+    proc(after, logits)
+    bad = next(t for t in range(WIDTH) if t not in allowed and t not in tok.eos_token_ids)
+    with pytest.raises(GrammarError):
+        proc(mx.concatenate([after, mx.array([bad])]), logits)
+
+
+def test_json_tools_grammar_makes_parseable_calls(tok):
+    g = Grammars(make_ll_tokenizer(tok, WIDTH), WIDTH)
+    tools = [
+        {
+            "name": "pick",
+            "parameters": {"type": "object", "properties": {"n": {"enum": [1, 2]}}},
+            "strict": False,
+        }
+    ]
+    c = tool_constraint(tools, tool_format="json_tools", parallel=False, param="tool_choice")
+    matcher = g.matcher(c)
+    text = '<tool_call>\n{"name":"pick","arguments":{"n":2}}\n</tool_call>'
+    assert matcher.consume_tokens(tok.encode(text, add_special_tokens=False))
+    assert matcher.is_accepting()
+    body = text.removeprefix("<tool_call>").removesuffix("</tool_call>")
+    assert tok.tool_parser(body, None) == json.loads(body)

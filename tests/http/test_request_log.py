@@ -1,0 +1,135 @@
+"""The per-request log line and the ``[server] unknown_parameters`` switch, on a real daemon."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+
+from tests.support.daemon import Daemon, toml_config
+
+LINE = re.compile(r"INFO    mlxd\.requests: (.*)$", re.M)
+
+
+def _config(model_dir, **server) -> str:
+    return toml_config(
+        server={"log_level": "info", **server},
+        model={"path": str(model_dir)},
+        batch={"size": 2},
+        sampling={"temperature": 0.0},
+    )
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
+    d = Daemon(tmp_path_factory.mktemp("request-log"), _config(tiny_models("llama")))
+    d.start()
+    d.model_dir = tiny_models("llama")
+    yield d
+    d.stop()
+
+
+def _reconfigure(d: Daemon, **server) -> None:
+    d.write_config(_config(d.model_dir, **server))
+    assert d.reload().json()["outcome"] in ("applied", "unchanged")
+
+
+def _chat(d: Daemon, **extra) -> httpx.Response:
+    body = {
+        "model": d.model_id(),
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 5,
+        **extra,
+    }
+    return httpx.post(f"{d.url}/v1/chat/completions", json=body, timeout=60)
+
+
+def _posts(d: Daemon) -> list[str]:
+    """The request lines of completions (GET /v1/models is logged too)."""
+    return [line for line in LINE.findall(d.log()) if line.startswith("POST")]
+
+
+def _new_lines(d: Daemon, before: int, want: int, timeout: float = 10) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = _posts(d)[before:]
+        if len(lines) >= want or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
+def test_one_info_line_per_request(daemon: Daemon) -> None:
+    model = daemon.model_id()
+    before = len(_posts(daemon))
+    assert _chat(daemon).status_code == 200
+    with httpx.stream(
+        "POST",
+        f"{daemon.url}/v1/completions",
+        json={"model": model, "prompt": "once upon", "max_tokens": 4, "stream": True},
+        timeout=60,
+    ) as r:
+        assert r.status_code == 200 and "[DONE]" in r.read().decode()
+    assert _chat(daemon, model="no-such-model").status_code == 404
+    lines = _new_lines(daemon, before, 3)
+    assert len(lines) == 3, lines
+    chat, stream, missing = lines
+    assert re.fullmatch(
+        rf"POST /v1/chat/completions 200 model={re.escape(model)} lane=batch prompt=\d+ "
+        r"generated=[1-5] finish=(length|stop) ttft=\d+\.\d{3}s duration=\d+\.\d{3}s",
+        chat,
+    ), chat
+    assert stream.startswith(f"POST /v1/completions 200 model={model} lane=batch prompt=")
+    assert "generated=" in stream and "ttft=" in stream
+    assert missing.startswith("POST /v1/chat/completions 404 model=no-such-model duration=")
+    assert "hello" not in daemon.log()  # counts only, never the prompt
+    assert re.search(r"mlxd\.requests: GET /v1/models 200 duration=", daemon.log())
+
+    _reconfigure(daemon, log_requests=False)
+    before = len(_posts(daemon))
+    assert _chat(daemon).status_code == 200
+    assert _new_lines(daemon, before, 1, timeout=1.0) == []
+    _reconfigure(daemon)
+
+
+def test_unknown_parameters_are_refused_by_default(daemon: Daemon) -> None:
+    r = _chat(daemon, frobnicate=True)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("unknown_parameter", "frobnicate")
+    assert "x-mlxd-ignored-parameters" not in r.headers
+
+
+def test_ignore_drops_and_lists_them_but_unsupported_stays_a_400(daemon: Daemon) -> None:
+    _reconfigure(daemon, unknown_parameters="ignore", log_level="debug")
+    try:
+        extras = {"frobnicate": True, "litellm_session_id": "abc", "bad\r\nname": 1}
+        r = _chat(daemon, **extras)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-mlxd-ignored-parameters"] == "frobnicate, litellm_session_id, (1 more)"
+        assert r.json()["choices"][0]["message"]["role"] == "assistant"
+        assert "ignored unknown parameters" in daemon.log()
+
+        # The openai SDK's extra_body, as clients with vendor extras send it.
+        raw = daemon.openai().chat.completions.with_raw_response.create(
+            model=daemon.model_id(),
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            extra_body={"top_a": 0.1},
+        )
+        assert raw.headers["x-mlxd-ignored-parameters"] == "top_a"
+
+        # Known but not supported: still refused, ignore or not.
+        n = _chat(daemon, n=2, frobnicate=True)
+        assert n.status_code == 400 and n.json()["error"]["code"] == "unsupported_parameter"
+        assert n.json()["error"]["param"] == "n"
+        # Nested objects stay strict.
+        nested = _chat(daemon, stream=True, stream_options={"include_usage": True, "x": 1})
+        assert nested.status_code == 400
+        assert nested.json()["error"]["code"] == "unknown_parameter"
+        # Plain requests carry no header.
+        assert "x-mlxd-ignored-parameters" not in _chat(daemon).headers
+    finally:
+        _reconfigure(daemon)
+    assert _chat(daemon, frobnicate=True).status_code == 400

@@ -1,0 +1,181 @@
+"""``GET /stats`` against the real daemon: the documented schema under real load.
+
+docs/api.md is the schema: every field it lists must be in /stats with
+that type, and every field /stats has must be listed there. The counts must
+add up in every snapshot, and no prompt text or secret may ever appear.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.daemon import Daemon, toml_config
+from tests.support.stats_schema import check_schema, documented_fields
+from tests.support.tinymodels import tiny_model_dir
+
+API_KEY = "sk-test-" + uuid.uuid4().hex
+ADMIN_TOKEN = "adm-test-" + uuid.uuid4().hex
+BATCH = 2
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):
+    config = toml_config(
+        server={"api_keys": [API_KEY], "admin_token": ADMIN_TOKEN},
+        model={"path": str(tiny_model_dir("llama")), "name": MODEL},
+        batch={"size": BATCH},
+    )
+    d = Daemon(tmp_path_factory.mktemp("stats"), config).start()
+    yield d
+    d.stop()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def chat(d: Daemon, content: str, *, max_tokens: int, seed: int | None = None) -> dict[str, Any]:
+    """One streamed chat completion; returns the status and the text it streamed."""
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    if seed is not None:
+        body["seed"] = seed
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    text = []
+    with (
+        httpx.Client(base_url=d.url, timeout=120) as client,
+        client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r,
+    ):
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                text.append(choices[0].get("delta", {}).get("content") or "")
+        return {"status": r.status_code, "text": "".join(text)}
+
+
+def in_background(fn, *args, **kw) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out.update(fn(*args, **kw))
+        except Exception as exc:  # reported by the test, not lost in the thread
+            out["error"] = repr(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def check_counts(s: dict[str, Any]) -> None:
+    b, c = s["batch"], s["counters"]
+    assert b["active_rows"] == len(s["rows"])
+    assert b["pending_rows"] == len(s["pending"])
+    assert b["active_rows"] <= b["configured"] == BATCH
+    assert b["prefilling_rows"] == sum(r["phase"] == "prefill" for r in s["rows"])
+    assert c["finished"] == sum(sum(lane.values()) for lane in c["requests"].values())
+    assert b["active_rows"] + b["pending_rows"] + c["finished"] == c["submitted"], (b, c)
+
+
+def wait_idle(d: Daemon, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = d.stats()
+        if not s["busy"]:
+            return s
+        time.sleep(0.05)
+    raise AssertionError("the daemon did not go idle")
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_stats_schema_and_counts_under_load(daemon: Daemon) -> None:
+    fields = documented_fields()
+    seen: set[str] = set()
+    before = wait_idle(daemon)
+    clients = [in_background(chat, daemon, f"count to {i} " * 8, max_tokens=300) for i in range(5)]
+    seeded = None
+    max_rows = max_pending = 0
+    ids: set[str] = set()
+    slowest = 0.0
+    with httpx.Client(base_url=daemon.url, timeout=10) as http:
+        while any(t.is_alive() for t, _ in clients) or (seeded and seeded[0].is_alive()):
+            started = time.monotonic()
+            s = http.get("/stats").json()
+            slowest = max(slowest, time.monotonic() - started)
+            check_schema(s, fields, seen)
+            check_counts(s)
+            max_rows = max(max_rows, s["batch"]["active_rows"])
+            max_pending = max(max_pending, s["batch"]["pending_rows"])
+            ids |= {r["id"] for r in s["rows"]} | {p["id"] for p in s["pending"]}
+            if seeded is None and any(r["lane"] == "batch" for r in s["rows"]):
+                # A seeded request goes to the serial lane and drains the running batch.
+                seeded = in_background(chat, daemon, "seeded", max_tokens=40, seed=7)
+                daemon.signal(signal.SIGHUP)  # a reload event ("unchanged")
+            time.sleep(0.02)
+    for _, out in [*clients, seeded]:
+        assert out.get("status") == 200, out
+    after = wait_idle(daemon)
+    check_schema(after, fields, seen)
+    check_counts(after)
+
+    assert max_rows == BATCH, "the rows never filled the batch"
+    assert max_pending >= 1, "nothing was ever seen waiting"
+    assert len(ids) == 6
+    assert after["counters"]["finished"] - before["counters"]["finished"] == 6
+    assert after["counters"]["submitted"] - before["counters"]["submitted"] == 6
+    assert after["drains"] and after["drains"][0]["reason"] == "seed"
+    assert after["drains"][0]["ended_at"] is not None
+    assert after["reloads"] and after["reloads"][0]["trigger"] == "SIGHUP"
+    assert after["rows"] == [] and after["pending"] == []
+    missing = set(fields) - seen
+    assert not missing, f"documented but never seen in /stats: {sorted(missing)}"
+    # Reading takes the published snapshot; it never queues behind the engine loop.
+    assert slowest < 2.0, f"a /stats read took {slowest:.2f}s"
+
+
+def test_stats_and_dashboard_never_show_prompts_or_secrets(daemon: Daemon) -> None:
+    marker = "zebra-marker-" + uuid.uuid4().hex
+    thread, out = in_background(chat, daemon, f"Please repeat {marker} forever", max_tokens=400)
+    pages = []
+    with httpx.Client(base_url=daemon.url, timeout=10) as http:
+        saw_row = False
+        while thread.is_alive():
+            stats = http.get("/stats")
+            saw_row |= bool(stats.json()["rows"])
+            pages += [stats.text, http.get("/dashboard").text, http.get("/metrics").text]
+            pages += [http.get(f"/dashboard/{r}").text for r in ("active-rows", "pending-queue")]
+            time.sleep(0.05)
+        thread.join()
+        pages += [http.get(p).text for p in ("/stats", "/dashboard", "/metrics")]
+    assert out.get("status") == 200, out
+    assert saw_row, "the request finished before /stats showed it"
+    secrets = {"prompt marker": marker, "API key": API_KEY, "admin token": ADMIN_TOKEN}
+    if len(out["text"]) >= 24:  # long enough not to occur by chance
+        secrets["completion text"] = out["text"]
+    for name, secret in secrets.items():
+        leaks = [page[:200] for page in pages if secret in page]
+        assert not leaks, f"the {name} appears in /stats or the dashboard: {leaks[0]!r}"
+
+
+def test_stats_serves_a_fresh_snapshot_without_caching(daemon: Daemon) -> None:
+    first = httpx.get(f"{daemon.url}/stats")
+    time.sleep(0.6)  # the idle engine republishes at least every 0.5 s
+    second = httpx.get(f"{daemon.url}/stats")
+    assert first.headers["content-type"].startswith("application/json")
+    assert first.headers["cache-control"] == "no-store"
+    assert second.json()["taken_at"] > first.json()["taken_at"]
+    assert second.json()["uptime_s"] > first.json()["uptime_s"]

@@ -1,0 +1,107 @@
+"""The dashboard's view functions on plain snapshot values (pure: no daemon needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.dashboard import views
+
+
+def _rows(lanes: list[str]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"chatcmpl-{i}", "api": "chat", "lane": lane, "phase": "decode",
+            "prefill_done": 0, "prefill_total": 0, "cached_tokens": 0, "prompt_tokens": 10,
+            "generated_tokens": 5, "max_tokens": 50, "tokens_per_s": 3.0, "age_s": 1.0,
+            "kv_bytes": 1024, "projected_kv_bytes": 2048,
+        }
+        for i, lane in enumerate(lanes)
+    ]  # fmt: skip
+
+
+def _snapshot(lanes: list[str], configured: int) -> dict[str, Any]:
+    batch = {"active_rows": len(lanes), "configured": configured, "prefilling_rows": 0}
+    return {"rows": _rows(lanes), "batch": batch | {"max_active_rows_seen": 8}}
+
+
+def test_more_rows_than_the_width_explains_itself() -> None:
+    v = views.active_rows(_snapshot(["batch"] * 8, 4), 0.0)
+    assert v["summary"] == "8 running of 4"
+    assert "lowered to 4" in v["over_width"] and "8 batch rows" in v["over_width"]
+    assert "finish first" in v["over_width"]
+
+
+def test_a_full_batch_plus_the_serial_row_needs_no_explanation() -> None:
+    v = views.active_rows(_snapshot(["batch"] * 4 + ["serial"], 4), 0.0)
+    assert v["summary"] == "5 running of 4" and v["over_width"] is None
+
+
+# ---------------------------------------------------------------- the models panel
+
+
+def _fleet() -> dict[str, Any]:
+    from mlxd.engine.fleet.values import FleetEvent, FleetView, ModelState
+
+    mib = 1024 * 1024
+
+    def model(model_id: str, state: str, **kw: Any) -> ModelState:
+        fields = {
+            "id": model_id, "kind": "chat", "path": f"/m/{model_id}", "aliases": (),
+            "state": state, "default": False, "pinned": False, "keep_alive": "forever",
+            "weights_bytes": 0, "reserved_bytes": 0, "kv_bytes": 0, "prompt_cache_bytes": 0,
+            "active": 0, "waiting": 0, "wait_reason": None, "last_used": None,
+            "loaded_at": None, "load_seconds": None, "error": None, "capabilities": {},
+            "engine": {},
+        }  # fmt: skip
+        return ModelState(**{**fields, **kw})
+
+    view = FleetView(
+        budget_bytes=64 * mib,
+        used_bytes=24 * mib,
+        models=(
+            model(
+                "org/a", "loaded", default=True, pinned=True, weights_bytes=16 * mib,
+                reserved_bytes=20 * mib, kv_bytes=4 * mib, prompt_cache_bytes=1 * mib,
+                last_used=90.0, loaded_at=10.0, load_seconds=1.5, keep_alive=1800.0,
+                engine={"rows": 2, "pending": 3, "tokens_per_s": 12.25},
+            ),
+            model("b", "failed", error="weights are <corrupt>", waiting=1, wait_reason="memory"),
+        ),
+        events=(
+            FleetEvent(10.0, "org/a", "loaded", "1.5 s"),
+            FleetEvent(50.0, "b", "load_failed", "weights are <corrupt>"),
+        ),
+        memory_queue=("b",),
+    )  # fmt: skip
+    return view.as_dict()
+
+
+def test_models_panel_shows_each_model_against_the_budget() -> None:
+    from mlxd.dashboard.models import models_panel
+
+    v = models_panel({"fleet": _fleet(), "actions": "tok"}, 100.0)
+    a, b = v["models"]
+    assert v["summary"] == "1 of 2 loaded"
+    assert (v["budget"], v["used"], v["used_pct"], v["free"]) == (
+        "64.0 MiB", "24.0 MiB", "38%", "40.0 MiB"
+    )  # fmt: skip
+    assert (a["id"], a["state"], a["pinned"], a["default"]) == ("org/a", "loaded", True, True)
+    # Weights, KV, the prompt cache held and the rest of its 4 MiB cap, against 64 MiB.
+    assert [(s["kind"], s["width"]) for s in a["segments"]] == [
+        ("weights", "25.0%"), ("kv", "6.2%"), ("cache", "1.6%"), ("cache_cap", "4.7%")
+    ]  # fmt: skip
+    assert a["total"] == "24.0 MiB" and a["cache_cap"] == "4.0 MiB"
+    assert (a["rows"], a["queue"], a["tokens_per_s"]) == ("2", "3", "12.2")
+    assert a["last_used"] == "10 s ago" and a["keep_alive"] == "30 m"
+    assert a["actions"] == {"load": False, "unload": False, "pin": False, "unpin": True}
+    # A failed model: no engine numbers, its error, a load button.
+    assert (b["rows"], b["queue"], b["error"]) == ("—", "—", "weights are <corrupt>")
+    assert b["actions"]["load"] and not b["actions"]["unload"] and b["segments"] == []
+    assert (b["waiting"], b["wait_reason"], b["last_used"]) == ("1", "memory", "never")
+    # The total gauge stacks every model's segments; events newest first.
+    assert v["segments"] == a["segments"] and v["memory_queue"] == "b"
+    assert [(e["model"], e["title"]) for e in v["events"]] == [
+        ("b", "load failed"), ("org/a", "loaded")
+    ]  # fmt: skip
+    assert v["csrf"] == "tok"
+    assert models_panel({"fleet": _fleet(), "actions": None}, 100.0)["csrf"] is None
