@@ -44,6 +44,7 @@ test: $(VENV)/.test-ok
 lint: $(VENV)/.test-ok
 	$(BIN)/ruff check mlxd tests benchmarks
 	$(BIN)/ruff format --check mlxd tests benchmarks
+	$(BIN)/basedpyright --pythonpath $(BIN)/python
 
 demo-model: $(VENV)/.serve-ok
 	$(BIN)/mlxd demo-model
