@@ -115,7 +115,7 @@ class MlxdServer(uvicorn.Server):
         engines = [e for e in state.fleet.engines() if e.alive]
         state.shutting_down = True
         for engine in engines:
-            await asyncio.wrap_future(engine.call(lambda core: setattr(core, "accepting", False)))
+            await asyncio.wrap_future(engine.stop_accepting())
         timeout = state.settings.server.shutdown_timeout
         deadline = time.monotonic() + timeout
 
@@ -128,15 +128,11 @@ class MlxdServer(uvicorn.Server):
             logger.warning(
                 "shutdown_timeout (%.0fs) passed: ending the remaining requests", timeout
             )
+            message = (
+                f"the server shut down before this request finished (shutdown_timeout {timeout:g}s)"
+            )
             for engine in engines:
-                await asyncio.wrap_future(
-                    engine.call(
-                        lambda core: core.abort_all(
-                            "the server shut down before this request finished "
-                            f"(shutdown_timeout {timeout:g}s)"
-                        )
-                    )
-                )
+                await asyncio.wrap_future(engine.abort_all(message))
             await asyncio.sleep(0.2)  # let the error events reach their streams
         self.should_exit = True
 

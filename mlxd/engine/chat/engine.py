@@ -270,9 +270,38 @@ class Engine:
     def settings(self) -> Settings:
         return self._core.settings
 
+    @property
+    def info(self) -> ModelInfo | None:
+        """The loaded model's facts, or None while no model is loaded."""
+        return self.model_info
+
+    def load(self, settings: Settings) -> concurrent.futures.Future[ModelInfo]:
+        """Drain both lanes, load ``settings.model`` and serve it; on failure the old one stays."""
+        return self.swap_model(settings.model)
+
     def swap_model(self, model: ModelSettings) -> concurrent.futures.Future[ModelInfo]:
         """Drain both lanes, load ``model`` and serve it; on failure the old model stays."""
         return self.call(lambda core: self._swap(core, model), exclusive=True, reason="model_swap")
+
+    def apply(self, settings: Settings) -> concurrent.futures.Future[None]:
+        """Take new policy settings between two steps; running rows keep running."""
+        return self.call(lambda core: core.apply(settings))
+
+    def stop_accepting(self) -> concurrent.futures.Future[None]:
+        """Refuse new requests from the next step on (a graceful shutdown); queued ones run."""
+        return self.call(lambda core: setattr(core, "accepting", False))
+
+    def abort_all(self, message: str) -> concurrent.futures.Future[None]:
+        """End every queued and running request with ``message`` (503 shutting_down)."""
+        return self.call(lambda core: core.abort_all(message))
+
+    def clear_error(self) -> concurrent.futures.Future[None]:
+        """Forget the latest engine error (a good reload clears the status bar's)."""
+
+        def clear(core: EngineCore) -> None:
+            core.last_error = core.last_error_at = None
+
+        return self.call(clear)
 
     def rename(self, model_id: str) -> None:
         """Account under ``model_id`` in the shared pool from the next step on."""

@@ -8,7 +8,7 @@ threads:
 
 - a chat model has one :class:`~mlxd.engine.chat.engine.Engine` for the life of
   its entry (its engine thread, intake thread, lanes, admission, drains and
-  prompt cache); loading is the engine's ``swap_model``, unloading its
+  prompt cache); loading is the engine's ``load``, unloading its
   ``unload``, both run by that thread between two of its steps. Requests
   for different models run on different threads, so one model's long
   prefill never holds another model's step;
@@ -242,7 +242,7 @@ class Fleet(RegistryReload):
             await self._make_room(slot, need, weights)
             started = time.monotonic()
             if slot.entry.kind == "chat":
-                info = await asyncio.wrap_future(slot.engine.swap_model(slot.settings.model))
+                info = await asyncio.wrap_future(slot.engine.load(slot.settings))
                 measured = info.weights_bytes
             else:
                 slot.engine = engine = self._make_embedding(slot.settings, slot.id)

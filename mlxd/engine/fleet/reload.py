@@ -106,13 +106,13 @@ class RegistryReload:
             engine = slot.engine
             if swap and slot.state == "loaded":
                 try:
-                    info = await asyncio.wrap_future(engine.swap_model(slot.settings.model))
+                    info = await asyncio.wrap_future(engine.load(slot.settings))
                 except Exception as exc:
                     slot.entry, slot.settings = before, before_settings
                     return f"model swap failed, the previous model keeps serving: {exc}"
                 self.pool.settle(slot.id, info.weights_bytes + slot.prompt_cache_cap())
                 self._event(slot.id, "loaded", "swapped by a reload")
-            await asyncio.wrap_future(engine.call(lambda core: core.apply(slot.settings)))
+            await asyncio.wrap_future(engine.apply(slot.settings))
         elif swap and slot.state == "loaded":
             await asyncio.shield(self._unloading(slot, "unloaded", "its path changed"))
             self._spawn_load(slot)
