@@ -14,11 +14,10 @@ from typing import Any
 
 import msgspec
 
+from mlxd.api import params
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.openai.schemas import _bad, _stop, _unsupported
-from mlxd.api.openai.tools import ToolPlan, history_message, response_constraint
-from mlxd.api.responses.items import plan_tools, relabel
-from mlxd.api.responses.schema import sampling
+from mlxd.api.openai.tools import ToolPlan, history_message, plan_tools, response_constraint
+from mlxd.api.params import bad, relabel, unsupported
 from mlxd.config import Settings
 from mlxd.engine import ChatPrompt, Constraint, GenerationRequest, ModelInfo
 
@@ -70,17 +69,17 @@ def _text(block: Any, where: str) -> str | None:
     if isinstance(block, str):
         return block
     if not isinstance(block, dict):
-        raise _bad(where, f"A content block must be an object, got {type(block).__name__}.")
+        raise bad(where, f"A content block must be an object, got {type(block).__name__}.")
     kind = block.get("type")
     if kind == "text":
         if not isinstance(block.get("text"), str):
-            raise _bad(f"{where}.text", "A text block needs a string 'text'.")
+            raise bad(f"{where}.text", "A text block needs a string 'text'.")
         return block["text"]
     if kind in ("thinking", "redacted_thinking"):
         return None  # earlier reasoning is not fed back, as Anthropic's own API does
     if kind in ("image", "document", "search_result"):
-        raise _unsupported(where, f"mlxd serves a text model; {kind!r} blocks are not accepted.")
-    raise _bad(f"{where}.type", f"Unexpected content block type {kind!r} here.")
+        raise unsupported(where, f"mlxd serves a text model; {kind!r} blocks are not accepted.")
+    raise bad(f"{where}.type", f"Unexpected content block type {kind!r} here.")
 
 
 def _content(content: Any, where: str) -> str:
@@ -89,7 +88,7 @@ def _content(content: Any, where: str) -> str:
     if isinstance(content, list):
         texts = (_text(b, f"{where}[{j}]") for j, b in enumerate(content))
         return "".join(t for t in texts if t is not None)
-    raise _bad(where, "'content' must be a string or a list of content blocks.")
+    raise bad(where, "'content' must be a string or a list of content blocks.")
 
 
 def _system(system: str | list[dict[str, Any]] | None) -> tuple[dict, ...]:
@@ -102,7 +101,7 @@ def _system(system: str | list[dict[str, Any]] | None) -> tuple[dict, ...]:
 def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
     name, call_id, args = block.get("name"), block.get("id"), block.get("input", {})
     if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(args, dict):
-        raise _bad(where, f"{where} (tool_use) needs string 'id' and 'name' and an object 'input'.")
+        raise bad(where, f"{where} (tool_use) needs string 'id' and 'name' and an object 'input'.")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
@@ -111,7 +110,7 @@ def _turn(role: str, content: Any, where: str) -> list[dict]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise _bad(where, "'content' must be a string or a list of content blocks.")
+        raise bad(where, "'content' must be a string or a list of content blocks.")
     out: list[dict] = []
     texts: list[str] = []
     calls: list[dict] = []
@@ -123,16 +122,16 @@ def _turn(role: str, content: Any, where: str) -> list[dict]:
         elif kind == "tool_result" and role == "user":
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
-                raise _bad(f"{at}.tool_use_id", f"{at} (tool_result) needs 'tool_use_id'.")
+                raise bad(f"{at}.tool_use_id", f"{at} (tool_result) needs 'tool_use_id'.")
             result = _content(block.get("content", ""), f"{at}.content")
             if block.get("is_error"):
                 result = f"Error: {result}"
             out.append({"role": "tool", "tool_call_id": call_id, "content": result})
         elif kind in ("tool_use", "tool_result"):
             owner = "assistant" if kind == "tool_use" else "user"
-            raise _bad(at, f"'{kind}' blocks belong in {owner} messages.")
+            raise bad(at, f"'{kind}' blocks belong in {owner} messages.")
         elif kind in ("server_tool_use", "web_search_tool_result"):
-            raise _unsupported(at, f"server tools ({kind!r}) are not implemented.")
+            raise unsupported(at, f"server tools ({kind!r}) are not implemented.")
         else:
             text = _text(block, at)
             if text is not None:
@@ -147,20 +146,20 @@ def _turn(role: str, content: Any, where: str) -> list[dict]:
 def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
     """``system`` and ``messages`` as chat messages in the template's shape."""
     if not body.messages:
-        raise _bad("messages", "'messages' must contain at least one message.")
+        raise bad("messages", "'messages' must contain at least one message.")
     out = list(_system(body.system))
     for i, m in enumerate(body.messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise _bad(where, "A message must be an object.")
+            raise bad(where, "A message must be an object.")
         role = m.get("role")
         if role not in ("user", "assistant"):
-            raise _bad(f"{where}.role", f"Invalid role {role!r}: use 'user' or 'assistant'.")
+            raise bad(f"{where}.role", f"Invalid role {role!r}: use 'user' or 'assistant'.")
         extra = set(m) - {"role", "content"}
         if extra:
-            raise _bad(where, f"Extra inputs are not permitted: {', '.join(sorted(extra))}.")
+            raise bad(where, f"Extra inputs are not permitted: {', '.join(sorted(extra))}.")
         if "content" not in m:
-            raise _bad(f"{where}.content", f"{where} has no content.")
+            raise bad(f"{where}.content", f"{where} has no content.")
         for msg in _turn(role, m["content"], f"{where}.content"):
             if msg["role"] == "tool" or msg.get("tool_calls"):
                 try:
@@ -169,7 +168,7 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
                     raise relabel(exc, f"messages[{i}].tool_calls", f"{where}.content") from None
             out.append(msg)
     if out[-1]["role"] == "assistant":
-        raise _unsupported(
+        raise unsupported(
             f"messages[{len(body.messages) - 1}]",
             "a final assistant message (prefill) is not continued by mlxd; end with a user turn.",
         )
@@ -188,11 +187,11 @@ def _tools(tools: list[dict[str, Any]] | None) -> list[tuple[int, dict[str, Any]
     out = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
-            raise _bad(f"tools[{i}]", f"tools[{i}] must be an object.")
+            raise bad(f"tools[{i}]", f"tools[{i}] must be an object.")
         if tool.get("type") not in _CLIENT_TOOL_TYPES:
             continue
         if "input_schema" not in tool:
-            raise _bad(f"tools[{i}].input_schema", f"tools[{i}] needs an 'input_schema'.")
+            raise bad(f"tools[{i}].input_schema", f"tools[{i}] needs an 'input_schema'.")
         fn = {"name": tool.get("name"), "parameters": tool["input_schema"]}
         if tool.get("description") is not None:
             fn["description"] = tool["description"]
@@ -214,7 +213,7 @@ def _tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
         return "required", parallel
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name")}}, parallel
-    raise _bad(
+    raise bad(
         "tool_choice.type", f"Unknown tool_choice type {kind!r}: use auto, any, tool or none."
     )
 
@@ -229,7 +228,7 @@ def _format(body: _MessagesBody) -> Constraint | None:
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-        raise _bad(
+        raise bad(
             "output_config.format",
             "output_config.format must be {'type': 'json_schema', 'schema': {...}}.",
         )
@@ -247,7 +246,7 @@ def _thinking(thinking: dict[str, Any] | None) -> tuple[tuple[str, object], ...]
         return ()
     kind = thinking.get("type")
     if kind not in ("enabled", "adaptive", "disabled"):
-        raise _bad(
+        raise bad(
             "thinking.type", f"Unknown thinking type {kind!r}: use enabled, adaptive or disabled."
         )
     return (("enable_thinking", kind != "disabled"),)
@@ -259,7 +258,7 @@ def _prompt(
     plan = _plan(body, info)
     constraint = _format(body)
     if constraint is not None and plan.constraint is not None:
-        raise _bad(
+        raise bad(
             "output_config.format",
             "A JSON output format and a forced tool call (tool_choice any or tool) cannot "
             "both constrain one answer.",
@@ -282,31 +281,27 @@ def messages_request(
 ) -> MessagesCall:
     """Validate a Messages request and build the engine's request."""
     if req.container is not None:
-        raise _unsupported("container", "containers (code execution) are not implemented.")
+        raise unsupported("container", "containers (code execution) are not implemented.")
     if req.mcp_servers:
-        raise _unsupported("mcp_servers", "remote MCP servers are not implemented.")
-    if req.mlxd_fault is not None and not faults:
-        raise _bad("mlxd_fault", "Extra inputs are not permitted: mlxd_fault.")
-    if req.max_tokens < 1:
-        raise _bad("max_tokens", f"'max_tokens' must be at least 1, got {req.max_tokens}.")
-    limit = settings.limits.max_tokens
-    if req.max_tokens > limit:
-        raise _bad(
-            "max_tokens", f"'max_tokens' is {req.max_tokens}; this server allows at most {limit}."
-        )
-    sampled = sampling(settings, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
+        raise unsupported("mcp_servers", "remote MCP servers are not implemented.")
+    refusal = bad("mlxd_fault", "Extra inputs are not permitted: mlxd_fault.")
+    fault = params.fault(req.mlxd_fault, allowed=faults, refusal=refusal)
+    params.max_tokens("max_tokens", req.max_tokens, settings)
+    sampled = params.sampling(
+        settings, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k
+    )
     if req.temperature is not None and req.temperature > 1:
-        raise _bad("temperature", f"'temperature' must be in [0, 1], got {req.temperature}.")
+        raise bad("temperature", f"'temperature' must be in [0, 1], got {req.temperature}.")
     prompt, plan, constraint = _prompt(req, info)
     gen = GenerationRequest(
         id=f"msg_{uuid.uuid4().hex[:24]}",
         prompt=prompt,
         max_tokens=req.max_tokens,
         sampling=sampled,
-        stop=_stop(req.stop_sequences),
+        stop=params.stops(req.stop_sequences, "stop_sequences"),
         parse_tools=plan.parse,
         constraint=constraint or plan.constraint,
         api="messages",
-        fault=req.mlxd_fault,
+        fault=fault,
     )
     return MessagesCall(gen=gen, stream=bool(req.stream))

@@ -25,7 +25,7 @@ async def read_body(request: Request, limit: int, timeout: float | None = None) 
         timeout: Seconds the whole body may take; default ``[limits] body_timeout``.
     """
     if timeout is None:
-        timeout = request.app.state.mlxd.settings.limits.body_timeout
+        timeout = float(request.app.state.mlxd.settings.limits.body_timeout)
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)

@@ -35,7 +35,7 @@ def make_protocol(header_timeout: Callable[[], float]) -> type[H11Protocol]:
     class HeaderDeadlineProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             self._arm()
 

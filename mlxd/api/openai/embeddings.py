@@ -12,29 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 from typing import Any, Literal
 
 import msgspec
 import numpy as np
 from litestar import Controller, Request, Response, post
-from litestar.di import Provide
 
+from mlxd.api.generate import check_accepting, held
 from mlxd.api.http.body import read_body
+from mlxd.api.http.decode import decode_parameters
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
-from mlxd.api.openai.routes import (
-    IGNORED_HEADER,
-    api_key_guard,
-    check_accepting,
-    held,
-    ignored_header,
-)
-from mlxd.api.openai.schemas import decode
-from mlxd.api.state import AppState, Mlxd, provide_app_state
+from mlxd.api.state import AppState, Mlxd
 from mlxd.engine import EmbeddingError, EmbeddingResult, check_embedding_inputs
-
-logger = logging.getLogger(__name__)
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -89,7 +79,7 @@ def _check_format(encoding_format: str) -> Literal["float", "base64"]:
             f"'encoding_format' must be 'float' or 'base64', got {encoding_format[:40]!r}.",
             param="encoding_format",
         )
-    return encoding_format  # type: ignore[return-value]
+    return encoding_format
 
 
 def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
@@ -114,9 +104,9 @@ def _openai(exc: EmbeddingError) -> OpenAIError:
 
 
 class EmbeddingsController(Controller):
-    path = "/v1"
-    guards = [api_key_guard]
-    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
+    """``/v1/embeddings``."""
+
+    path = "/"
 
     @post("/embeddings", status_code=200)
     async def embeddings(self, request: Request, mlxd: Mlxd) -> Response[Any]:
@@ -127,14 +117,10 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
     """Read, check and embed one request; the vectors come back in input order."""
     check_accepting(state)
     body = await read_body(request, state.settings.limits.max_body_bytes)
-    ignored: list[str] | None = [] if state.settings.server.unknown_parameters == "ignore" else None
-    req = decode(body, EmbeddingRequest, ignored=ignored)
+    policy = state.settings.server.unknown_parameters
+    req, headers = decode_parameters(body, EmbeddingRequest, policy, request.url.path)
     note = note_of(request.scope)
     note.model = req.model
-    headers: dict[str, str] = {}
-    if ignored:
-        logger.debug("%s: ignored unknown parameters %s", request.url.path, ignored)
-        headers[IGNORED_HEADER] = ignored_header(ignored)
     inputs = shape_inputs(req.input)
     encoding_format = _check_format(req.encoding_format)
     try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.params import bad, relabel
 from mlxd.engine import Constraint, ModelInfo, StructureError, json_constraint, tool_constraint
 
 MAX_TOOLS = 128
@@ -41,10 +42,6 @@ _RESERVED = {
 }
 
 
-def _bad(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
-    return OpenAIError(400, message, code=code, param=param)
-
-
 @dataclass(frozen=True)
 class ToolPlan:
     """What a chat request's tool fields come to."""
@@ -57,34 +54,34 @@ class ToolPlan:
 def _tool(raw: Any, i: int) -> dict[str, Any]:
     param = f"tools[{i}]"
     if not isinstance(raw, dict) or raw.get("type", "function") != "function":
-        raise _bad(f"{param}.type", f"{param} must be {{'type': 'function', 'function': {{...}}}}.")
+        raise bad(f"{param}.type", f"{param} must be {{'type': 'function', 'function': {{...}}}}.")
     fn = raw.get("function")
     if not isinstance(fn, dict):
-        raise _bad(f"{param}.function", f"{param} has no 'function' object.")
+        raise bad(f"{param}.function", f"{param} has no 'function' object.")
     extra = set(raw) - {"type", "function"}
     if extra:
-        raise _bad(param, f"Unrecognized field(s) in {param}: {', '.join(sorted(extra))}.")
+        raise bad(param, f"Unrecognized field(s) in {param}: {', '.join(sorted(extra))}.")
     name = fn.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise _bad(
+        raise bad(
             f"{param}.function.name",
             f"{param}.function.name must be 1-64 letters, digits, '_', '.' or '-' (got {name!r}).",
         )
     description = fn.get("description")
     if description is not None and not isinstance(description, str):
-        raise _bad(f"{param}.function.description", "A tool's description must be a string.")
+        raise bad(f"{param}.function.description", "A tool's description must be a string.")
     parameters = fn.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
-        raise _bad(
+        raise bad(
             f"{param}.function.parameters",
             f"{param}.function.parameters must be a JSON Schema object with type 'object'.",
         )
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        raise _bad(f"{param}.function.strict", "'strict' must be a boolean.")
+        raise bad(f"{param}.function.strict", "'strict' must be a boolean.")
     extra = set(fn) - {"name", "description", "parameters", "strict"}
     if extra:
-        raise _bad(
+        raise bad(
             f"{param}.function",
             f"Unrecognized field(s) in {param}.function: {', '.join(sorted(extra))}.",
         )
@@ -94,7 +91,7 @@ def _tool(raw: Any, i: int) -> dict[str, Any]:
     return out
 
 
-def _choice(choice: Any, names: list[str]) -> str | None:
+def _choice(choice: Any, names: list[str]) -> str:
     """``none``/``auto``/``required``, or the named function (returned as ``fn:NAME``)."""
     if choice is None:
         return "auto" if names else "none"
@@ -104,15 +101,15 @@ def _choice(choice: Any, names: list[str]) -> str | None:
         fn = choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str):
-            raise _bad("tool_choice", "A named tool_choice needs function.name.")
+            raise bad("tool_choice", "A named tool_choice needs function.name.")
         if name not in names:
             known = ", ".join(names) or "none"
-            raise _bad(
+            raise bad(
                 "tool_choice",
                 f"tool_choice names the function {name!r}, which is not in 'tools' ({known}).",
             )
         return f"fn:{name}"
-    raise _bad(
+    raise bad(
         "tool_choice",
         "tool_choice must be 'none', 'auto', 'required' or "
         "{'type': 'function', 'function': {'name': ...}}.",
@@ -124,17 +121,17 @@ def tool_plan(
 ) -> ToolPlan:
     """Check the tool fields; build the grammar when the choice forces a call."""
     if tools is not None and not isinstance(tools, list):
-        raise _bad("tools", "'tools' must be a list.")
+        raise bad("tools", "'tools' must be a list.")
     if tools is not None and len(tools) > MAX_TOOLS:
-        raise _bad("tools", f"At most {MAX_TOOLS} tools are allowed (as OpenAI), got {len(tools)}.")
+        raise bad("tools", f"At most {MAX_TOOLS} tools are allowed (as OpenAI), got {len(tools)}.")
     defs = [_tool(t, i) for i, t in enumerate(tools or [])]
     names = [d["name"] for d in defs]
     if len(set(names)) != len(names):
-        raise _bad("tools", "Two tools have the same name.")
+        raise bad("tools", "Two tools have the same name.")
     mode = _choice(choice, names)
     if mode == "none" or not defs:
         if mode not in ("none", "auto"):
-            raise _bad("tool_choice", f"tool_choice {choice!r} needs 'tools'.")
+            raise bad("tool_choice", f"tool_choice {choice!r} needs 'tools'.")
         return ToolPlan()
     tool_format = info.tool_format if info is not None else None
     if info is not None and tool_format is None:
@@ -165,12 +162,31 @@ def tool_plan(
     return ToolPlan(template_tools, True, constraint)
 
 
+def plan_tools(
+    tools: list[tuple[int, dict[str, Any]]] | None,
+    choice: Any,
+    parallel: bool | None,
+    info: ModelInfo | None,
+) -> ToolPlan:
+    """:func:`tool_plan` for tools given as
+    ``(index in the request, chat-shaped tool)``, its errors named as the request names them
+    (``tools[3].name``, not ``tools[1].function.name``, when skipped tools came first)."""
+    chat = None if tools is None else [t for _, t in tools]
+    try:
+        return tool_plan(chat, choice, parallel, info)
+    except OpenAIError as exc:
+        for k, (i, _) in sorted(enumerate(tools or []), reverse=True):
+            exc = relabel(exc, f"tools[{k}].function", f"tools[{i}]")
+            exc = relabel(exc, f"tools[{k}]", f"tools[{i}]")
+        raise exc from None
+
+
 def response_constraint(fmt: Any) -> Constraint | None:
     """``response_format`` (text, json_object, json_schema) as a grammar, or None."""
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise _bad("response_format", "'response_format' must be an object.")
+        raise bad("response_format", "'response_format' must be an object.")
     kind = fmt.get("type")
     if kind == "text":
         return None
@@ -180,23 +196,23 @@ def response_constraint(fmt: Any) -> Constraint | None:
         if kind == "json_schema":
             spec = fmt.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-                raise _bad(
+                raise bad(
                     "response_format.json_schema",
                     "json_schema must be {'name': ..., 'schema': {...}, 'strict': bool}.",
                 )
             name = spec.get("name")
             if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
-                raise _bad("response_format.json_schema.name", f"Invalid schema name {name!r}.")
+                raise bad("response_format.json_schema.name", f"Invalid schema name {name!r}.")
             strict = spec.get("strict")
             if strict is not None and not isinstance(strict, bool):
-                raise _bad("response_format.json_schema.strict", "'strict' must be a boolean.")
+                raise bad("response_format.json_schema.strict", "'strict' must be a boolean.")
             schema = spec.get("schema") or {}
             return json_constraint(
                 schema, strict=bool(strict), param="response_format.json_schema.schema"
             )
     except StructureError as exc:
         raise OpenAIError(400, str(exc), code=exc.code, param=exc.param) from None
-    raise _bad(
+    raise bad(
         "response_format.type",
         f"Unknown response_format type {kind!r}: use 'text', 'json_object' or 'json_schema'.",
     )
@@ -207,12 +223,12 @@ def template_kwargs(kwargs: Any) -> tuple[tuple[str, object], ...]:
     if kwargs is None:
         return ()
     if not isinstance(kwargs, dict):
-        raise _bad("chat_template_kwargs", "'chat_template_kwargs' must be an object.")
-    bad = sorted(k for k in kwargs if k in _RESERVED)
-    if bad:
-        raise _bad(
+        raise bad("chat_template_kwargs", "'chat_template_kwargs' must be an object.")
+    reserved = sorted(k for k in kwargs if k in _RESERVED)
+    if reserved:
+        raise bad(
             "chat_template_kwargs",
-            f"chat_template_kwargs may not set {', '.join(bad)} (the server sets them).",
+            f"chat_template_kwargs may not set {', '.join(reserved)} (the server sets them).",
         )
     return tuple(sorted(kwargs.items()))
 
@@ -223,14 +239,14 @@ def history_message(m: dict[str, Any], i: int, content: str | None) -> dict[str,
     if m["role"] == "tool":
         call_id = m.get("tool_call_id")
         if not isinstance(call_id, str):
-            raise _bad(f"messages[{i}].tool_call_id", f"messages[{i}] (tool) needs tool_call_id.")
+            raise bad(f"messages[{i}].tool_call_id", f"messages[{i}] (tool) needs tool_call_id.")
         out["tool_call_id"] = call_id
         if content is None:
-            raise _bad(f"messages[{i}].content", f"messages[{i}] has no content.")
+            raise bad(f"messages[{i}].content", f"messages[{i}] has no content.")
         return out
     calls = m.get("tool_calls")
     if not isinstance(calls, list) or not calls:
-        raise _bad(f"messages[{i}].tool_calls", "tool_calls must be a non-empty list.")
+        raise bad(f"messages[{i}].tool_calls", "tool_calls must be a non-empty list.")
     out["tool_calls"] = [_history_call(c, i, j) for j, c in enumerate(calls)]
     return out
 
@@ -239,7 +255,7 @@ def _history_call(call: Any, i: int, j: int) -> dict[str, Any]:
     param = f"messages[{i}].tool_calls[{j}]"
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise _bad(
+        raise bad(
             param, f"{param} must be {{'id', 'type': 'function', 'function': {{name, arguments}}}}."
         )
     args = fn.get("arguments", "{}")
@@ -247,11 +263,9 @@ def _history_call(call: Any, i: int, j: int) -> dict[str, Any]:
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError:
-            raise _bad(
-                f"{param}.function.arguments", f"{param}'s arguments are not JSON."
-            ) from None
+            raise bad(f"{param}.function.arguments", f"{param}'s arguments are not JSON.") from None
     if not isinstance(args, dict):
-        raise _bad(f"{param}.function.arguments", f"{param}'s arguments must be a JSON object.")
+        raise bad(f"{param}.function.arguments", f"{param}'s arguments must be a JSON object.")
     return {
         "id": str(call.get("id") or f"call_{i}_{j}"),
         "type": "function",

@@ -5,7 +5,9 @@ Items become chat messages in the chat template's shape (``function_call``
 items join the assistant turn as ``tool_calls``, ``function_call_output``
 items become ``tool`` messages), function tools become chat tools, and
 ``text.format`` becomes a ``response_format``. Validation and grammars are
-then the chat path's own (:mod:`mlxd.api.openai.tools`), not a second copy.
+then the chat path's own (:mod:`mlxd.api.openai.tools`, whose
+:func:`~mlxd.api.openai.tools.plan_tools` names errors as this request does), not a
+second copy.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.openai.schemas import _bad, _unsupported
-from mlxd.api.openai.tools import ToolPlan, history_message, response_constraint, tool_plan
-from mlxd.engine import Constraint, ModelInfo
+from mlxd.api.openai.tools import history_message, response_constraint
+from mlxd.api.params import bad, relabel, unsupported
+from mlxd.engine import Constraint
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
@@ -48,28 +50,19 @@ SKIPPED_TOOL_TYPES = frozenset(
 )
 
 
-def relabel(exc: OpenAIError, old: str, new: str) -> OpenAIError:
-    """A shared validator's error, with its parameter named as this API names it."""
-    if exc.param:
-        exc.param = exc.param.replace(old, new, 1)
-    exc.message = exc.message.replace(old, new)
-    exc.args = (exc.message,)
-    return exc
-
-
 def _part_text(part: Any, where: str) -> str:
     if isinstance(part, str):
         return part
     if not isinstance(part, dict):
-        raise _bad(where, f"A content part must be an object, got {type(part).__name__}.")
+        raise bad(where, f"A content part must be an object, got {type(part).__name__}.")
     kind = part.get("type")
     if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
         return part["text"]
     if kind == "refusal" and isinstance(part.get("refusal"), str):
         return part["refusal"]
     if kind in ("input_image", "input_file", "input_audio"):
-        raise _unsupported(where, f"mlxd serves a text model; {kind!r} parts are not accepted.")
-    raise _bad(where, f"Unsupported content part type {kind!r}: use 'input_text'.")
+        raise unsupported(where, f"mlxd serves a text model; {kind!r} parts are not accepted.")
+    raise bad(where, f"Unsupported content part type {kind!r}: use 'input_text'.")
 
 
 def _content(content: Any, where: str) -> str:
@@ -77,31 +70,31 @@ def _content(content: Any, where: str) -> str:
         return content
     if isinstance(content, list):
         return "".join(_part_text(p, f"{where}[{j}]") for j, p in enumerate(content))
-    raise _bad(where, "Content must be a string or a list of text parts.")
+    raise bad(where, "Content must be a string or a list of text parts.")
 
 
 def _raw_item(item: Any, i: int, out: list[dict]) -> None:
     """Append ``item`` to ``out`` as a chat-shaped message (calls join the assistant turn)."""
     where = f"input[{i}]"
     if not isinstance(item, dict):
-        raise _bad(where, f"An input item must be an object, got {type(item).__name__}.")
+        raise bad(where, f"An input item must be an object, got {type(item).__name__}.")
     kind = item.get("type", "message")
     if kind in _SKIPPED_ITEMS:
         return
     if kind == "message":
         role = item.get("role")
         if role not in _ROLES:
-            raise _bad(
+            raise bad(
                 f"{where}.role", f"Invalid role {role!r}: use user, assistant, system or developer."
             )
         if item.get("content") is None:
-            raise _bad(f"{where}.content", f"{where} has no content.")
+            raise bad(f"{where}.content", f"{where} has no content.")
         text = _content(item["content"], f"{where}.content")
         out.append({"role": _ROLES[role], "content": text, "_at": i})
     elif kind == "function_call":
         name, call_id = item.get("name"), item.get("call_id")
         if not isinstance(name, str) or not isinstance(call_id, str):
-            raise _bad(where, f"{where} (function_call) needs string 'name' and 'call_id'.")
+            raise bad(where, f"{where} (function_call) needs string 'name' and 'call_id'.")
         call = {
             "id": call_id,
             "type": "function",
@@ -115,11 +108,11 @@ def _raw_item(item: Any, i: int, out: list[dict]) -> None:
     elif kind == "function_call_output":
         call_id = item.get("call_id")
         if not isinstance(call_id, str):
-            raise _bad(f"{where}.call_id", f"{where} (function_call_output) needs 'call_id'.")
+            raise bad(f"{where}.call_id", f"{where} (function_call_output) needs 'call_id'.")
         text = _content(item.get("output"), f"{where}.output")
         out.append({"role": "tool", "tool_call_id": call_id, "content": text, "_at": i})
     else:
-        raise _unsupported(
+        raise unsupported(
             f"{where}.type",
             f"input items of type {kind!r} are not supported (mlxd takes message, "
             "function_call, function_call_output and reasoning items).",
@@ -148,25 +141,6 @@ def input_messages(value: str | list[dict[str, Any]] | None) -> tuple[dict, ...]
     return tuple(out)
 
 
-def plan_tools(
-    tools: list[tuple[int, dict[str, Any]]] | None,
-    choice: Any,
-    parallel: bool | None,
-    info: ModelInfo | None,
-) -> ToolPlan:
-    """The chat path's :func:`~mlxd.api.openai.tools.tool_plan` for tools given as
-    ``(index in the request, chat-shaped tool)``, its errors named as the request names them
-    (``tools[3].name``, not ``tools[1].function.name``, when skipped tools came first)."""
-    chat = None if tools is None else [t for _, t in tools]
-    try:
-        return tool_plan(chat, choice, parallel, info)
-    except OpenAIError as exc:
-        for k, (i, _) in sorted(enumerate(tools or []), reverse=True):
-            exc = relabel(exc, f"tools[{k}].function", f"tools[{i}]")
-            exc = relabel(exc, f"tools[{k}]", f"tools[{i}]")
-        raise exc from None
-
-
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[tuple[int, dict[str, Any]]] | None:
     """Responses function tools in the chat completions shape, with their index in the
     request; hosted tool types skipped."""
@@ -175,20 +149,20 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[tuple[int, dict[str, 
     out = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
-            raise _bad(f"tools[{i}]", f"tools[{i}] must be an object.")
+            raise bad(f"tools[{i}]", f"tools[{i}] must be an object.")
         kind = tool.get("type")
         if kind == "function":
             keys = ("name", "description", "parameters", "strict")
             fn = {k: tool[k] for k in keys if tool.get(k) is not None}
             extra = set(tool) - {"type", *keys}
             if extra:
-                raise _bad(
+                raise bad(
                     f"tools[{i}]",
                     f"Unrecognized field(s) in tools[{i}]: {', '.join(sorted(extra))}.",
                 )
             out.append((i, {"type": "function", "function": fn}))
         elif kind not in SKIPPED_TOOL_TYPES:
-            raise _unsupported(
+            raise unsupported(
                 f"tools[{i}].type",
                 f"unknown tool type {kind!r}; mlxd runs 'function' tools and skips "
                 "OpenAI-hosted ones (see docs/api.md).",
@@ -203,7 +177,7 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> Any:
     kind = choice.get("type")
     if kind == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
-    raise _unsupported(
+    raise unsupported(
         "tool_choice",
         f"tool_choice of type {kind!r}: mlxd takes 'none', 'auto', 'required' or "
         "{'type': 'function', 'name': ...}.",
@@ -216,7 +190,7 @@ def text_constraint(text: dict[str, Any] | None) -> Constraint | None:
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise _bad("text.format", "'text.format' must be an object.")
+        raise bad("text.format", "'text.format' must be an object.")
     if fmt.get("type") == "json_schema":
         spec = {k: fmt[k] for k in ("name", "schema", "strict") if fmt.get(k) is not None}
         fmt = {"type": "json_schema", "json_schema": spec}

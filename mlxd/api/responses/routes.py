@@ -2,7 +2,7 @@
 
 Thin: decode and validate (:mod:`mlxd.api.responses.schema`), look up
 ``previous_response_id`` in the in-memory store, then run through the same
-:func:`mlxd.api.openai.routes.generate` path as chat completions, rendered by
+:func:`mlxd.api.generate.generate` path as chat completions, rendered by
 :mod:`mlxd.api.responses.render`.
 """
 
@@ -11,25 +11,23 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, Response, delete, get, post
-from litestar.di import Provide
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from mlxd.api.http.body import read_body
-from mlxd.api.http.errors import OpenAIError
-from mlxd.api.openai.routes import (
+from mlxd.api.generate import (
     Output,
     acquire,
-    api_key_guard,
     check_accepting,
     check_generation,
     generate,
     released_on_error,
 )
-from mlxd.api.openai.schemas import decode
+from mlxd.api.http.body import read_body
+from mlxd.api.http.decode import decode
+from mlxd.api.http.errors import OpenAIError
 from mlxd.api.responses.render import ResponsesOutput
 from mlxd.api.responses.schema import ResponsesRequest, responses_request
-from mlxd.api.state import AppState, Mlxd, provide_app_state
+from mlxd.api.state import AppState, Mlxd
 from mlxd.engine import Accepted
 
 
@@ -45,9 +43,9 @@ def _not_found(rid: str, *, status: int, param: str | None = None) -> OpenAIErro
 
 
 class ResponsesController(Controller):
-    path = "/v1/responses"
-    guards = [api_key_guard]
-    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
+    """``/v1/responses``: create, retrieve and delete."""
+
+    path = "/responses"
 
     @post("/", status_code=200)
     async def create(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:

@@ -16,13 +16,14 @@ from typing import Any
 
 import msgspec
 
+from mlxd.api import params
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.openai.schemas import _bad, _range, _unsupported
+from mlxd.api.openai.tools import plan_tools
+from mlxd.api.params import bad, unsupported
 from mlxd.api.responses.items import (
     chat_tool_choice,
     chat_tools,
     input_messages,
-    plan_tools,
     text_constraint,
 )
 from mlxd.config import Settings
@@ -83,50 +84,19 @@ class ResponsesCall:
     generate: bool = True
 
 
-def _check_max_tokens(name: str, value: int | None, settings: Settings) -> None:
-    if value is None:
-        return
-    if value < 1:
-        raise _bad(name, f"'{name}' must be at least 1, got {value}.")
-    limit = settings.limits.max_tokens
-    if value > limit:
-        raise _bad(name, f"'{name}' is {value}; this server allows at most {limit}.")
-
-
-def sampling(
-    settings: Settings,
-    *,
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None = None,
-) -> SamplingParams:
-    """Sampling parameters from a request's values and ``[sampling]`` defaults (validated)."""
-    _range("temperature", temperature, 0, 2)
-    _range("top_p", top_p, 0, 1, lo_open=True)
-    if top_k is not None and top_k < 0:
-        raise _bad("top_k", f"'top_k' must be >= 0, got {top_k}.")
-    d = settings.sampling
-    return SamplingParams(
-        temperature=d.temperature if temperature is None else temperature,
-        top_p=d.top_p if top_p is None else top_p,
-        top_k=d.top_k if top_k is None else top_k,
-        min_p=d.min_p,
-    )
-
-
 def _refuse_unsupported(req: ResponsesRequest) -> None:
     if req.background:
-        raise _unsupported("background", "background responses are not implemented.")
+        raise unsupported("background", "background responses are not implemented.")
     if req.conversation is not None:
-        raise _unsupported(
+        raise unsupported(
             "conversation", "conversations are not implemented; use previous_response_id."
         )
     if req.prompt is not None:
-        raise _unsupported("prompt", "stored prompt templates are not implemented.")
+        raise unsupported("prompt", "stored prompt templates are not implemented.")
     if req.top_logprobs:
-        raise _unsupported("top_logprobs", "logprobs are not implemented on /v1/responses.")
+        raise unsupported("top_logprobs", "logprobs are not implemented on /v1/responses.")
     if req.truncation not in (None, "disabled"):
-        raise _unsupported(
+        raise unsupported(
             "truncation", "only 'disabled' is implemented: a prompt too long is a 400."
         )
 
@@ -146,18 +116,18 @@ def responses_request(
             (already looked up by the caller), prepended to ``input``.
     """
     _refuse_unsupported(req)
-    if req.mlxd_fault is not None and not faults:
-        raise OpenAIError(
-            400,
-            "Unrecognized request argument supplied: mlxd_fault",
-            code="unknown_parameter",
-            param="mlxd_fault",
-        )
-    _check_max_tokens("max_output_tokens", req.max_output_tokens, settings)
-    sampled = sampling(settings, temperature=req.temperature, top_p=req.top_p)
+    refusal = OpenAIError(
+        400,
+        "Unrecognized request argument supplied: mlxd_fault",
+        code="unknown_parameter",
+        param="mlxd_fault",
+    )
+    fault = params.fault(req.mlxd_fault, allowed=faults, refusal=refusal)
+    params.max_tokens("max_output_tokens", req.max_output_tokens, settings)
+    sampled = params.sampling(settings, temperature=req.temperature, top_p=req.top_p)
     new = input_messages(req.input)
     if not new:
-        raise _bad("input", "'input' must contain at least one message.")
+        raise bad("input", "'input' must contain at least one message.")
     history = (*previous, *new)
     system = ({"role": "system", "content": req.instructions},) if req.instructions else ()
     plan = plan_tools(
@@ -165,7 +135,7 @@ def responses_request(
     )
     constraint = text_constraint(req.text)
     if constraint is not None and plan.constraint is not None:
-        raise _bad(
+        raise bad(
             "text.format",
             "A JSON text.format and a forced tool call (tool_choice 'required' or a named "
             "function) cannot both constrain one answer.",
@@ -181,7 +151,7 @@ def responses_request(
         parse_tools=plan.parse,
         constraint=constraint or plan.constraint,
         api="responses",
-        fault=req.mlxd_fault,
+        fault=fault,
     )
     return ResponsesCall(
         gen=gen,
