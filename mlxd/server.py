@@ -22,7 +22,7 @@ from typing import Any
 
 import uvicorn
 
-from mlxd.api.app import make_app
+from mlxd.api.app import ERROR_ENVELOPES, make_app
 from mlxd.api.http.access import exposure_warning
 from mlxd.api.http.guard import RequestGuard
 from mlxd.api.http.protocol import make_protocol
@@ -31,7 +31,6 @@ from mlxd.api.ops.recent import install_recent
 from mlxd.api.state import AppState
 from mlxd.config import Settings
 from mlxd.dashboard import logtail
-from mlxd.dashboard.routes import route_handlers
 from mlxd.engine.chat.engine import Engine
 from mlxd.listen import ListenError, bind
 
@@ -225,7 +224,6 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         leader = Leader(settings.cluster, member)
         logger.info("cluster rank 0 of %s: serving HTTP for the group", member.world)
     optimized = bool(runtime["blas_optimized"])
-    source = str(config_path) if config_path else None
     state: AppState | None = None
 
     def make_engine(model_settings: Settings, model_id: str, pool: Any, at_start: bool) -> Engine:
@@ -233,7 +231,6 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
             model_settings,
             optimized_blas=optimized,
             fault_injection=faults,
-            config_source=source,
             runtime=runtime,
             cluster=leader,
             pool=pool,
@@ -267,10 +264,10 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
     install_metrics(state)
     install_recent(state)
     logtail.install()
-    app = make_app(state, extra_route_handlers=route_handlers())
+    app = make_app(state)
     fleet.start()
     config = uvicorn.Config(
-        RequestGuard(app, lambda: state.settings),
+        RequestGuard(app, lambda: state.settings, ERROR_ENVELOPES),
         http=make_protocol(lambda: state.settings.limits.header_timeout),
         host=host,
         port=port,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from litestar.connection import ASGIConnection
 
-from mlxd.api.http.access import admin_refusal, can_admin
+from mlxd.api.http.access import admin_refusal, can_admin, changes_state
 from mlxd.api.ops.admin import same_origin
 
 
@@ -27,5 +27,5 @@ def require_admin(connection: ASGIConnection, what: str) -> None:
     if not can_admin(connection, settings):
         status = 403 if settings.server.admin_token is None else 401
         raise DashboardRefused(status, admin_refusal(settings))
-    if connection.method not in ("GET", "HEAD") and not same_origin(connection):
+    if changes_state(connection) and not same_origin(connection):
         raise DashboardRefused(403, f"cross-site requests to the {what} are refused")

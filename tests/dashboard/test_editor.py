@@ -24,7 +24,6 @@ from mlxd.api.app import make_app
 from mlxd.api.state import AppState
 from mlxd.config import Settings, load_settings
 from mlxd.dashboard import configfile
-from mlxd.dashboard.routes import route_handlers
 from mlxd.engine.chat.engine import Engine
 from mlxd.engine.fleet.fleet import Fleet
 from tests.support.daemon import Daemon, toml_config
@@ -345,7 +344,7 @@ def test_without_a_config_file_the_editor_explains() -> None:
     settings = Settings()
     fleet = Fleet(settings, device_bytes=2**30, make_engine=_engine)  # never started
     state = AppState(fleet, settings, config_path=None)
-    with TestClient(make_app(state, extra_route_handlers=route_handlers())) as client:
+    with TestClient(make_app(state)) as client:
         page = client.get("/dashboard/config")
         assert page.status_code == 200
         assert "No config file to edit" in page.text

@@ -8,7 +8,6 @@ import re
 from mlxd.api.app import make_app
 from mlxd.api.state import AppState
 from mlxd.config import Settings
-from mlxd.dashboard.routes import route_handlers
 from mlxd.engine.chat.engine import Engine
 from mlxd.engine.fleet.fleet import Fleet
 from tests.support import ROOT
@@ -23,7 +22,7 @@ API = (ROOT / "docs" / "api.md").read_text()
 
 def served_routes() -> set[tuple[str, str]]:
     fleet = Fleet(Settings(), device_bytes=2**30, make_engine=_engine)  # never started
-    app = make_app(AppState(fleet, Settings()), extra_route_handlers=route_handlers())
+    app = make_app(AppState(fleet, Settings()))
     routes = set()
     for route in app.routes:
         path = re.sub(r"\{(\w+):[^}]+\}", r"{\1}", route.path)

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from mlxd.api.http.errors import anthropic_error_body
+from mlxd.api.anthropic.errors import anthropic_error_body
 from mlxd.engine import Delta, Failed, Finished, ToolCall, Usage
 
 

@@ -1,11 +1,12 @@
 """The Anthropic Messages routes: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
 Thin: decode and validate (:mod:`mlxd.api.anthropic.schema`), then run through
-the same :func:`mlxd.api.openai.routes.generate` path as chat completions, rendered
+the same :func:`mlxd.api.generate.generate` path as chat completions, rendered
 by :mod:`mlxd.api.anthropic.render`. Keys are accepted as ``x-api-key`` or
 ``Authorization: Bearer``; ``anthropic-version`` and ``anthropic-beta`` are
-accepted and not interpreted. Every error under ``/v1/messages`` is answered
-in Anthropic's envelope (see :mod:`mlxd.api.http.errors`).
+accepted and not interpreted. :func:`messages_router` gives these routes their
+own error handlers, so every error they raise is answered in Anthropic's
+envelope (:mod:`mlxd.api.anthropic.errors`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from litestar import Controller, Request, Response, post
-from litestar.di import Provide
+from litestar import Controller, Request, Response, Router, post
 from litestar.response import Stream
 
+from mlxd.api.anthropic.errors import ANTHROPIC
 from mlxd.api.anthropic.render import MessagesOutput
 from mlxd.api.anthropic.schema import (
     CountTokensRequest,
@@ -24,12 +25,9 @@ from mlxd.api.anthropic.schema import (
     count_tokens_request,
     messages_request,
 )
-from mlxd.api.http.body import read_body
-from mlxd.api.http.errors import OpenAIError
-from mlxd.api.openai.routes import (
+from mlxd.api.generate import (
     Output,
     acquire,
-    api_key_guard,
     check_accepting,
     check_generation,
     check_values,
@@ -37,15 +35,27 @@ from mlxd.api.openai.routes import (
     held,
     released_on_error,
 )
-from mlxd.api.openai.schemas import decode
-from mlxd.api.state import Mlxd, provide_app_state
+from mlxd.api.http.body import read_body
+from mlxd.api.http.decode import decode
+from mlxd.api.http.errors import OpenAIError, error_handlers
+from mlxd.api.state import Mlxd
 from mlxd.engine import Accepted, Failed
+
+# Under /v1 (the router that mlxd.api.app mounts): /v1/messages.
+PATH = "/messages"
+
+
+def messages_router() -> Router:
+    """The Messages routes with Anthropic's error envelope for every error they raise."""
+    return Router(
+        path=PATH, route_handlers=[MessagesController], exception_handlers=error_handlers(ANTHROPIC)
+    )
 
 
 class MessagesController(Controller):
-    path = "/v1/messages"
-    guards = [api_key_guard]
-    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
+    """``/v1/messages`` and ``/v1/messages/count_tokens``."""
+
+    path = "/"
 
     @post("/", status_code=200)
     async def create(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:

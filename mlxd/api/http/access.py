@@ -24,7 +24,7 @@ import ipaddress
 import socket
 from functools import cache
 
-from litestar.connection import ASGIConnection
+from litestar.connection import ASGIConnection, Request
 
 from mlxd.config import Settings
 
@@ -116,6 +116,11 @@ def presented_token_ok(connection: ASGIConnection, settings: Settings) -> bool:
         return True
     cookie = connection.cookies.get(COOKIE, "")
     return bool(cookie) and hmac.compare_digest(cookie, cookie_value(token))
+
+
+def changes_state(connection: ASGIConnection) -> bool:
+    """Whether the request may change something: any method but GET and HEAD."""
+    return isinstance(connection, Request) and connection.method not in ("GET", "HEAD")
 
 
 def can_read(connection: ASGIConnection, settings: Settings) -> bool:

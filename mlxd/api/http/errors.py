@@ -1,17 +1,28 @@
-"""Errors in the OpenAI shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""mlxd's error value, the envelopes APIs write it in, and one set of handlers per router.
 
-Under ``/v1/messages`` (the Anthropic Messages API) the same errors are
-answered in Anthropic's envelope instead:
-``{"type": "error", "error": {"type", "message"}}``, same status codes.
+Every refusal is raised as :class:`OpenAIError` (status, message, code,
+param). An :class:`Envelope` writes it the way one API's clients expect:
+OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (:data:`OPENAI`,
+the default), or Anthropic's (:mod:`mlxd.api.anthropic.errors`). A router
+gets the handlers of its API's envelope (:func:`error_handlers`).
+
+Litestar resolves a router's handlers only once a request is routed, so a
+request that reaches no route (404, 405) and one the request guard refuses
+before routing (:mod:`mlxd.api.http.guard`) have no router to ask: for those,
+:class:`Envelopes` picks the envelope of the API whose path holds the request,
+the same longest-prefix rule routing itself follows.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
+from litestar.types import ExceptionHandlersMap
 
 from mlxd.engine import Failed
 
@@ -36,7 +47,7 @@ _TYPES = {
 
 
 class OpenAIError(Exception):
-    """An error answered in the OpenAI shape with its HTTP status."""
+    """A refusal with its HTTP status; answered in the envelope of the route's API."""
 
     def __init__(
         self,
@@ -62,12 +73,14 @@ class OpenAIError(Exception):
         )
 
     def body(self) -> dict[str, Any]:
+        """The error in OpenAI's envelope (what an OpenAI stream's error event carries)."""
         return error_body(self.status, self.message, code=self.code, param=self.param)
 
 
 def error_body(
     status: int, message: str, *, code: str | None = None, param: str | None = None
-) -> dict:
+) -> dict[str, Any]:
+    """OpenAI's envelope: ``{"error": {"message", "type", "param", "code"}}``."""
     return {
         "error": {
             "message": message,
@@ -80,75 +93,73 @@ def error_body(
     }
 
 
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
+# How an API writes (status, message, code, param) as an error body.
+BodyWriter = Callable[[int, str, str | None, str | None], dict[str, Any]]
 
 
-def anthropic_error_body(status: int, message: str) -> dict:
-    """Anthropic's envelope: ``{"type": "error", "error": {"type", "message"}}``."""
-    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
+@dataclass(frozen=True)
+class Envelope:
+    """One API's error body shape."""
+
+    name: str
+    write: BodyWriter
+
+    def body(
+        self, status: int, message: str, *, code: str | None = None, param: str | None = None
+    ) -> dict[str, Any]:
+        return self.write(status, message, code, param)
 
 
-def is_anthropic_path(path: str) -> bool:
-    """Routes of the Anthropic Messages API answer errors in Anthropic's shape."""
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
-
-
-def error_body_for_path(
-    path: str, status: int, message: str, *, code: str | None = None, param: str | None = None
-) -> dict:
-    """The error body in the shape of the API that ``path`` belongs to."""
-    if is_anthropic_path(path):
-        return anthropic_error_body(status, message)
+def _openai(status: int, message: str, code: str | None, param: str | None) -> dict[str, Any]:
     return error_body(status, message, code=code, param=param)
 
 
-def _shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` (OpenAI's shape) in the shape of the API the request's route belongs to."""
-    if is_anthropic_path(request.url.path):
-        return anthropic_error_body(status, body["error"]["message"])
-    return body
+OPENAI = Envelope("openai", _openai)
 
 
-def openai_error_handler(request: Request, exc: OpenAIError) -> Response:
-    return Response(
-        _shaped(request, exc.status, exc.body()),
-        status_code=exc.status,
-        headers=exc.headers,
-        media_type=MediaType.JSON,
-    )
+@dataclass(frozen=True)
+class Envelopes:
+    """The envelope of each API by the path its router is mounted at; ``default`` elsewhere."""
+
+    default: Envelope
+    by_path: Mapping[str, Envelope] = field(default_factory=dict)
+
+    def at(self, path: str) -> Envelope:
+        """The envelope of the API whose path is the longest one holding ``path``."""
+        held = [p for p in self.by_path if path == p or path.startswith(p.rstrip("/") + "/")]
+        return self.by_path[max(held, key=len)] if held else self.default
 
 
-def http_error_handler(request: Request, exc: HTTPException) -> Response:
-    """Litestar's own errors (unknown route, wrong method) in the OpenAI shape."""
-    status = exc.status_code
-    if status == 404:
-        message = f"Unknown route: {request.method} {request.url.path}"
-        code = "unknown_route"
-    elif status == 405:
-        message = f"Method {request.method} is not allowed on {request.url.path}"
-        code = "method_not_allowed"
-    else:
-        message, code = str(exc.detail), None
-    headers = dict(exc.headers or {})
-    body = _shaped(request, status, error_body(status, message, code=code))
-    return Response(body, status_code=status, headers=headers)
+def error_handlers(envelope: Envelope | Envelopes) -> ExceptionHandlersMap:
+    """A router's exception handlers: refusals, Litestar's own HTTP errors and crashes,
+    all in ``envelope`` (or, at the app, in the envelope :class:`Envelopes` picks)."""
 
+    def shape(request: Request) -> Envelope:
+        return envelope.at(request.url.path) if isinstance(envelope, Envelopes) else envelope
 
-def internal_error_handler(request: Request, exc: Exception) -> Response:
-    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    body = error_body(
-        500, f"internal server error: {type(exc).__name__}: {exc}", code="internal_error"
-    )
-    return Response(_shaped(request, 500, body), status_code=500)
+    def refused(request: Request, exc: OpenAIError) -> Response[Any]:
+        body = shape(request).body(exc.status, exc.message, code=exc.code, param=exc.param)
+        return Response(
+            body, status_code=exc.status, headers=exc.headers, media_type=MediaType.JSON
+        )
+
+    def http_error(request: Request, exc: HTTPException) -> Response[Any]:
+        """Litestar's own errors (unknown route, wrong method)."""
+        status = exc.status_code
+        if status == 404:
+            message = f"Unknown route: {request.method} {request.url.path}"
+            code = "unknown_route"
+        elif status == 405:
+            message = f"Method {request.method} is not allowed on {request.url.path}"
+            code = "method_not_allowed"
+        else:
+            message, code = str(exc.detail), None
+        body = shape(request).body(status, message, code=code)
+        return Response(body, status_code=status, headers=dict(exc.headers or {}))
+
+    def crashed(request: Request, exc: Exception) -> Response[Any]:
+        logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        message = f"internal server error: {type(exc).__name__}: {exc}"
+        return Response(shape(request).body(500, message, code="internal_error"), status_code=500)
+
+    return {OpenAIError: refused, HTTPException: http_error, Exception: crashed}

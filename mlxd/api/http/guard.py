@@ -15,7 +15,9 @@ too) and refuses:
   itself) a body must declare its length (411 otherwise). ``/v1`` reads
   bodies of unknown length under the same limit (:mod:`mlxd.api.http.body`).
 
-Both answers use the error shape of the API the request was meant for.
+These answers come before routing, so no router's error handlers apply: each
+is written in the envelope :class:`~mlxd.api.http.errors.Envelopes` picks for
+the request's path (the API the request was meant for).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from mlxd.api.http.access import host_allowed
-from mlxd.api.http.errors import error_body_for_path
+from mlxd.api.http.errors import Envelopes
+from mlxd.config import LimitSettings, Settings
 from mlxd.logs import safe
 
 logger = logging.getLogger(__name__)
@@ -56,11 +60,13 @@ class RequestGuard:
         app: The Litestar app.
         settings: Called per request for the live settings (``allowed_hosts``
             reloads live).
+        envelopes: The error envelope of each API, by path.
     """
 
-    def __init__(self, app: Any, settings: Any):
+    def __init__(self, app: Any, settings: Callable[[], Settings], envelopes: Envelopes):
         self.app = app
         self._settings = settings
+        self._envelopes = envelopes
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -74,7 +80,7 @@ class RequestGuard:
         if host is not None and not host_allowed(host, settings):
             logger.warning("refused a request for Host %s on %s", safe(host), safe(path))
             await _drain(scope, receive, settings.limits)
-            await _answer(
+            await self._answer(
                 send,
                 path,
                 421,
@@ -88,9 +94,25 @@ class RequestGuard:
             if refusal is not None:
                 if refusal[0] != 413:
                     await _drain(scope, receive, settings.limits)
-                await _answer(send, path, *refusal)
+                await self._answer(send, path, *refusal)
                 return
         await self.app(scope, receive, send)
+
+    async def _answer(self, send: Any, path: str, status: int, message: str, code: str) -> None:
+        body = self._envelopes.at(path).body(status, message, code=code)
+        data = json.dumps(body).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(data)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": data})
 
 
 def _body_refusal(scope: dict[str, Any], path: str, limit: int) -> tuple[int, str, str] | None:
@@ -116,7 +138,7 @@ def _body_refusal(scope: dict[str, Any], path: str, limit: int) -> tuple[int, st
     return None
 
 
-async def _drain(scope: dict[str, Any], receive: Any, limits: Any) -> None:
+async def _drain(scope: dict[str, Any], receive: Any, limits: LimitSettings) -> None:
     """Read (and drop) a small body before answering early.
 
     Closing a connection with unread request bytes makes the kernel reset it,
@@ -144,19 +166,3 @@ async def _drain(scope: dict[str, Any], receive: Any, limits: Any) -> None:
         left -= len(message.get("body", b""))
         if not message.get("more_body", False):
             return
-
-
-async def _answer(send: Any, path: str, status: int, message: str, code: str) -> None:
-    body = json.dumps(error_body_for_path(path, status, message, code=code)).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

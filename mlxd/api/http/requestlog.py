@@ -3,9 +3,10 @@
 ``POST /v1/chat/completions 200 model=SmolLM2-135M-Instruct lane=batch
 prompt=25 generated=64 finish=length ttft=0.251s duration=3.412s``
 
-The middleware times the whole exchange (for a stream, until its last chunk
-is sent) and reads the status the response started with; the handler fills
-in what only it knows (model, lane, tokens, time to first token) on a
+:func:`request_log` is the ``/v1`` router's middleware (so only the API's
+routes are logged): it times the whole exchange (for a stream, until its last
+chunk is sent) and reads the status the response started with; the handler
+fills in what only it knows (model, lane, tokens, time to first token) on a
 :class:`Note` kept in the ASGI scope. Nothing of the prompt or the answer is
 logged, only counts.
 """
@@ -15,18 +16,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from mlxd.engine import Finished
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, Receive, Scope, Send
 
-    from mlxd.api.state import AppState
-    from mlxd.engine import Accepted, Failed, Finished
+    from mlxd.engine import Accepted, Failed
 
 logger = logging.getLogger("mlxd.requests")
 
 _SCOPE_KEY = "mlxd.request_note"
-PREFIX = "/v1/"
 
 
 @dataclass
@@ -46,13 +47,12 @@ class Note:
         self.prompt_tokens = accepted.prompt_tokens
 
     def ended(self, outcome: Finished | Failed) -> None:
-        usage = getattr(outcome, "usage", None)
-        if usage is not None:
-            self.generated = usage.completion_tokens
-            self.finish = outcome.finish_reason  # type: ignore[union-attr]
-            self.ttft_s = outcome.timings.ttft_s  # type: ignore[union-attr]
+        if isinstance(outcome, Finished):
+            self.generated = outcome.usage.completion_tokens
+            self.finish = outcome.finish_reason
+            self.ttft_s = outcome.timings.ttft_s
         else:
-            self.error = getattr(outcome, "code", "failed")
+            self.error = outcome.code
 
     def fields(self) -> str:
         parts = [
@@ -73,43 +73,37 @@ def note_of(scope: Any) -> Note:
     return note if isinstance(note, Note) else Note()
 
 
-def make_request_log(state: AppState):
-    """Litestar middleware factory: logs each ``/v1/`` request once it has been answered."""
+def request_log(app: ASGIApp) -> ASGIApp:
+    """Litestar middleware: one line per request once answered (``[server] log_requests``)."""
 
-    def middleware(app: ASGIApp) -> ASGIApp:
-        async def logged(scope: Scope, receive: Receive, send: Send) -> None:
-            path = scope.get("path", "")
-            if (
-                scope["type"] != "http"
-                or not path.startswith(PREFIX)
-                or not state.settings.server.log_requests
-            ):
-                await app(scope, receive, send)
-                return
-            note = Note()
-            scope[_SCOPE_KEY] = note  # type: ignore[literal-required]
-            status = [0]
-            started = time.perf_counter()
+    async def logged(scope: Scope, receive: Receive, send: Send) -> None:
+        settings = scope["litestar_app"].state.mlxd.settings
+        if scope["type"] != "http" or not settings.server.log_requests:
+            await app(scope, receive, send)
+            return
+        note = Note()
+        # A key of mlxd's own in the ASGI scope (Litestar's Scope type lists only its own).
+        cast("dict[str, Any]", scope)[_SCOPE_KEY] = note
+        status = [0]
+        started = time.perf_counter()
 
-            async def send_and_see(message: Any) -> None:
-                if message["type"] == "http.response.start":
-                    status[0] = message["status"]
-                await send(message)
+        async def send_and_see(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
 
-            try:
-                await app(scope, receive, send_and_see)
-            finally:
-                duration = time.perf_counter() - started
-                detail = note.fields()
-                logger.info(
-                    "%s %s %s%s duration=%.3fs",
-                    scope.get("method", "-"),
-                    path,
-                    status[0] or "-",
-                    f" {detail}" if detail else "",
-                    duration,
-                )
+        try:
+            await app(scope, receive, send_and_see)
+        finally:
+            duration = time.perf_counter() - started
+            detail = note.fields()
+            logger.info(
+                "%s %s %s%s duration=%.3fs",
+                scope.get("method", "-"),
+                scope.get("path", ""),
+                status[0] or "-",
+                f" {detail}" if detail else "",
+                duration,
+            )
 
-        return logged
-
-    return middleware
+    return logged

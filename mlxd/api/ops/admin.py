@@ -12,12 +12,11 @@ from urllib.parse import urlsplit
 
 from litestar import Controller, Response, post
 from litestar.connection import ASGIConnection
-from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 
-from mlxd.api.http.access import admin_refusal, can_admin, host_allowed
+from mlxd.api.http.access import admin_refusal, can_admin, changes_state, host_allowed
 from mlxd.api.http.errors import OpenAIError, error_body
-from mlxd.api.state import Mlxd, provide_app_state
+from mlxd.api.state import Mlxd
 from mlxd.reload import reload_from_file
 
 
@@ -46,14 +45,13 @@ def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     settings = connection.app.state.mlxd.settings
     if not can_admin(connection, settings):
         raise OpenAIError(401, admin_refusal(settings), code="admin_required")
-    if connection.method not in ("GET", "HEAD") and not same_origin(connection):
+    if changes_state(connection) and not same_origin(connection):
         raise OpenAIError(403, "cross-site admin requests are refused", code="cross_site")
 
 
 class AdminController(Controller):
     path = "/admin"
     guards = [admin_guard]
-    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
 
     @post("/reload", status_code=200)
     async def reload(self, mlxd: Mlxd) -> Response[dict[str, Any]]:

@@ -6,14 +6,11 @@ import time
 from typing import Any
 
 from litestar import Controller, Response, get
-from litestar.di import Provide
 
-from mlxd.api.state import Mlxd, provide_app_state
+from mlxd.api.state import Mlxd
 
 
 class HealthController(Controller):
-    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
-
     @get("/health")
     async def health(self, mlxd: Mlxd) -> Response[dict[str, Any]]:
         """Liveness: the process answers and every engine thread is running."""
