@@ -5,7 +5,7 @@ never mutated) → diff against the running config (``model_dump()`` to
 ``model_dump()``) → apply. Invalid input changes nothing. Live keys are applied
 on the engine thread between two steps; a changed model drains both lanes and
 swaps; keys that need a restart (host, port, BLAS) are reported, not applied.
-Every attempt is recorded in the snapshot.
+Every attempt is recorded in the daemon's reload log (``AppState.reload_log``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
+from mlxd.api.reload_log import ReloadEvent
 from mlxd.config import (
     SECTIONS,
     ConfigError,
@@ -28,12 +29,10 @@ from mlxd.config import (
     load_settings,
     reload_class,
 )
-from mlxd.engine import ConfigView, ReloadEvent
 from mlxd.modelcheck import registry_problems
 
 if TYPE_CHECKING:
     from mlxd.api.state import AppState
-    from mlxd.engine.chat.core import EngineCore
 
 logger = logging.getLogger(__name__)
 
@@ -121,9 +120,17 @@ def _registry_diff(before: dict[str, Any], after: dict[str, Any]) -> list[Change
             continue
         for key in ModelEntry.model_fields:
             if a.get(key) != b.get(key):
-                reload = ModelEntry.model_fields[key].json_schema_extra["reload"]  # type: ignore[index]
-                changes.append(Change(f"models.{model_id}.{key}", a.get(key), b.get(key), reload))
+                changes.append(
+                    Change(f"models.{model_id}.{key}", a.get(key), b.get(key), _entry_reload(key))
+                )
     return changes
+
+
+def _entry_reload(key: str) -> str:
+    """How a change to a ``[models.<id>]`` key takes effect: live or swap."""
+    extra = ModelEntry.model_fields[key].json_schema_extra
+    assert isinstance(extra, dict)
+    return str(extra["reload"])
 
 
 def _effective(old: Settings, new: Settings, changes: list[Change], *, swap_ok: bool) -> Settings:
@@ -184,10 +191,9 @@ async def reload_from_file(
     async with state.reload_lock:
         new, result = check(state, text=text, trigger=trigger)
         result.dry_run = False
-        engine = state.engine
         if new is None:
             logger.warning("reload (%s) rejected: %s", trigger, "; ".join(map(str, result.issues)))
-            await _record(engine, result)
+            await _record(state, result)
             return result
         old = state.settings
         effective = _effective(old, new, result.changes, swap_ok=True)
@@ -206,7 +212,7 @@ async def reload_from_file(
         if result.applied:
             state.settings = effective
             _apply_process_settings(effective)
-        await _record(engine, result)
+        await _record(state, result)
         if result.changes:
             restart = ", ".join(result.restart_required)
             logger.info(
@@ -246,29 +252,22 @@ def _apply_process_settings(settings: Settings) -> None:
     logging.getLogger().setLevel(settings.server.log_level.upper())
 
 
-async def _record(engine: Any, result: ReloadResult) -> None:
-    def record(core: EngineCore) -> int:
-        version = core.config.version + (1 if result.applied else 0)
-        if result.applied:
-            core.config = ConfigView(
-                version=version, applied_at=time.time(), source=core.config.source
-            )
-        if result.outcome in ("applied", "unchanged", "restart_required"):
-            core.last_error = core.last_error_at = None  # a later good reload clears it
-        core.reload_seq += 1
-        core.reloads.append(
-            ReloadEvent(
-                id=core.reload_seq,
-                trigger=result.trigger,
-                at=time.time(),
-                outcome=result.outcome,
-                changed=tuple(c.key for c in result.changes),
-                restart_required=tuple(result.restart_required),
-                error=result.error or ("; ".join(map(str, result.issues)) or None),
-                version=version,
-                values=tuple((c.key, _text(c.old), _text(c.new)) for c in result.changes),
-            )
-        )
-        return version
-
-    result.version = await asyncio.wrap_future(engine.call(record))
+async def _record(state: AppState, result: ReloadResult) -> None:
+    """Log the attempt on the daemon; a good one also clears the default engine's last error."""
+    log = state.reload_log
+    version = log.next_version(bool(result.applied))
+    event = ReloadEvent(
+        id=log.attempts + 1,
+        trigger=result.trigger,
+        at=time.time(),
+        outcome=result.outcome,
+        changed=tuple(c.key for c in result.changes),
+        restart_required=tuple(result.restart_required),
+        error=result.error or ("; ".join(map(str, result.issues)) or None),
+        version=version,
+        values=tuple((c.key, _text(c.old), _text(c.new)) for c in result.changes),
+    )
+    state.reload_log = log.record(event, applied=bool(result.applied))
+    result.version = version
+    if result.outcome in ("applied", "unchanged", "restart_required"):
+        await asyncio.wrap_future(state.engine.clear_error())  # a later good reload clears it

@@ -1,4 +1,4 @@
-"""What the HTTP side holds: the engine, the current settings, the lifecycle flags."""
+"""What the HTTP side holds: the fleet, the settings, the reload log, the lifecycle flags."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 
+from mlxd.api.reload_log import ReloadLog
 from mlxd.api.responses.store import ResponseStore
 from mlxd.config import Settings
 
@@ -22,7 +23,7 @@ Observer = Callable[["Accepted", "Finished | Failed"], None]
 
 
 class AppState:
-    """Shared by every handler; ``settings`` is swapped whole on reload, never mutated.
+    """Shared by every handler; ``settings`` and ``reload_log`` are swapped whole, never mutated.
 
     A plain class on purpose: Litestar would try to validate a dataclass
     dependency field by field.
@@ -44,6 +45,10 @@ class AppState:
         self.fault_injection = fault_injection
         self.shutting_down = False
         self.started_at = time.time()
+        # The config version and the reload attempts: the daemon's, whichever model is default.
+        self.reload_log = ReloadLog.start(
+            str(config_path) if config_path else None, self.started_at
+        )
         self.observers: list[Observer] = []
         # Responses kept for previous_response_id and GET /v1/responses/{id}.
         self.responses = ResponseStore()
@@ -54,7 +59,7 @@ class AppState:
 
     @property
     def engine(self) -> Engine:
-        """The default chat model's engine: what the status views show."""
+        """The default chat model's engine: what the top of /stats and the dashboard show."""
         return self.fleet.primary()
 
     def observe(self, accepted: Accepted, outcome: Finished | Failed) -> None:

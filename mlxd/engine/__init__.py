@@ -54,7 +54,7 @@ from mlxd.engine.messages import (
     Usage,
 )
 from mlxd.engine.policy.lanes import LaneDecision
-from mlxd.engine.snapshot import ConfigView, ReloadEvent, Snapshot
+from mlxd.engine.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.engine import Engine
@@ -66,7 +66,6 @@ __all__ = [
     "Accepted",
     "Api",
     "ChatPrompt",
-    "ConfigView",
     "Constraint",
     "Delta",
     "EmbeddingError",
@@ -91,7 +90,6 @@ __all__ = [
     "ModelState",
     "PenaltyParams",
     "Prompt",
-    "ReloadEvent",
     "RequestHandle",
     "SamplingParams",
     "Snapshot",

@@ -91,29 +91,6 @@ class PromptCacheView:
 
 
 @dataclass(frozen=True)
-class ReloadEvent:
-    """One reload attempt: what triggered it, what changed, what happened."""
-
-    id: int
-    trigger: str
-    at: float
-    outcome: str  # applied | unchanged | restart_required | rejected | failed | partial
-    changed: tuple[str, ...] = ()
-    restart_required: tuple[str, ...] = ()
-    error: str | None = None
-    version: int = 0
-    # (key, old, new) as text, secrets masked: what the event log shows.
-    values: tuple[tuple[str, str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class ConfigView:
-    version: int
-    applied_at: float
-    source: str | None
-
-
-@dataclass(frozen=True)
 class Snapshot:
     taken_at: float
     started_at: float
@@ -124,11 +101,9 @@ class Snapshot:
     rows: tuple[RowView, ...]
     pending: tuple[PendingView, ...]
     drains: tuple[DrainEvent, ...]
-    reloads: tuple[ReloadEvent, ...]
     prompt_cache: PromptCacheView
     counters: dict[str, Any]
     throughput: dict[str, Any]
-    config: ConfigView
     runtime: dict[str, Any]
     last_step_at: float
     last_error: str | None = None

@@ -278,3 +278,62 @@ def test_model_swap_under_load_and_broken_path(tmp_path, tiny_models):
         assert "last error" not in httpx.get(f"{d.url}/dashboard/status-bar").text
     finally:
         d.stop()
+
+
+def _config_versions(d: Daemon) -> dict[str, float]:
+    """``mlxd_config_version`` by model, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{d.url}/metrics", timeout=10).text
+    return {
+        sample.labels["model"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "mlxd_config_version"
+    }
+
+
+def test_moving_the_default_keeps_the_config_version_and_the_reload_log(tmp_path, tiny_models):
+    """The version and the reload log are the daemon's, not the default model's engine's."""
+
+    def registry(default: str, size: int) -> str:
+        return toml_config(
+            batch={"size": size},
+            models={
+                model_id: {
+                    "path": str(tiny_models(family)),
+                    "pin": True,
+                    "default": model_id == default,
+                }
+                for model_id, family in (("a", "llama"), ("b", "llama_b"))
+            },
+        )
+
+    d = Daemon(tmp_path, registry("a", 4)).start()
+    try:
+        assert d.stats()["config"]["version"] == 1
+        d.write_config(registry("a", 2))
+        assert d.reload().json()["outcome"] == "applied"
+        d.write_config(registry("b", 2))
+        moved = d.reload().json()
+        assert moved["outcome"] == "applied" and moved["version"] == 3
+        stats = d.stats()
+        paths = {m["id"]: m["path"] for m in stats["fleet"]["models"]}
+        assert stats["model"]["path"] == paths["b"]  # the top of /stats shows b's engine now
+        assert [m["id"] for m in stats["fleet"]["models"] if m["default"]] == ["b"]
+        assert stats["config"]["version"] == 3
+        assert stats["config"]["source"] == str(d.config_path)
+        reloads = stats["reloads"]
+        assert [(r["id"], r["version"], r["outcome"]) for r in reloads] == [
+            (2, 3, "applied"),
+            (1, 2, "applied"),
+        ]
+        assert reloads[0]["changed"] == ["models.a.default", "models.b.default"]
+        assert reloads[1]["values"] == [["batch.size", "4", "2"]]
+        # Every loaded chat model's series carries the daemon's version.
+        assert _config_versions(d) == {"a": 3, "b": 3}
+        events = httpx.get(f"{d.url}/dashboard/event-log").text
+        assert events.count("reload (POST /admin/reload)") == 2
+        assert 'data-field="config">v3,' in httpx.get(f"{d.url}/dashboard/status-bar").text
+    finally:
+        d.stop()

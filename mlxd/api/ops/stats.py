@@ -1,8 +1,9 @@
-"""``GET /stats``: the engine snapshot as JSON, and who may read it.
+"""``GET /stats``: the daemon's state as JSON, and who may read it.
 
-The handler serializes :meth:`Engine.snapshot` (an immutable value the engine
-thread swaps in after every step), so reading it never waits on the engine
-loop. The field-by-field contract is docs/api.md ("GET /stats").
+The body is the default chat model's :meth:`Engine.snapshot` (an immutable
+value the engine thread swaps in after every step, so reading it never waits
+on the engine loop), the daemon's config version and reload log, and the
+fleet. The field-by-field contract is docs/api.md ("GET /stats").
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from typing import Any
 
 from litestar import Controller, Response, get
 from litestar.connection import ASGIConnection
-from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 
 from mlxd.api.http.access import admin_refusal, can_read
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.state import Mlxd, provide_app_state
+from mlxd.api.state import AppState, Mlxd
 from mlxd.config import Settings
 
 NO_STORE = {"Cache-Control": "no-store"}
@@ -47,15 +47,19 @@ def read_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         raise read_refusal(settings)
 
 
+def daemon_stats(state: AppState, now: float) -> dict[str, Any]:
+    """The default chat model's snapshot with the daemon's ``config`` and ``reloads``."""
+    return {**state.engine.snapshot().as_dict(now), **state.reload_log.as_dict()}
+
+
 class StatsController(Controller):
     path = "/stats"
     guards = [read_guard]
-    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
 
     @get("/")
     async def stats(self, mlxd: Mlxd) -> Response[dict[str, Any]]:
-        """The current snapshot (docs/api.md ("GET /stats"))."""
-        body = mlxd.engine.snapshot().as_dict(time.time())
+        """The current state (docs/api.md ("GET /stats"))."""
+        body = daemon_stats(mlxd, time.time())
         # Every configured model, and the memory budget they share (docs/api.md).
         body["fleet"] = mlxd.fleet.view().as_dict()
         return Response(body, headers=NO_STORE)

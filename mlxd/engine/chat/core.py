@@ -31,7 +31,7 @@ from mlxd.engine.fleet.memory import MemoryPool
 from mlxd.engine.messages import Accepted, Failed, GenerationRequest
 from mlxd.engine.policy import admission
 from mlxd.engine.policy.drain import DrainLog, LaneState, plan
-from mlxd.engine.snapshot import ConfigView, Counters, Peaks, ReloadEvent, Throughput
+from mlxd.engine.snapshot import Counters, Peaks, Throughput
 
 logger = logging.getLogger(__name__)
 
@@ -44,15 +44,11 @@ class EngineCore:
         settings: Settings,
         *,
         faults: bool = False,
-        config_source: str | None = None,
         runtime: dict[str, Any] | None = None,
     ):
         self.settings = settings
         self.faults = faults
         self.started_wall = time.time()
-        self.config = ConfigView(version=1, applied_at=self.started_wall, source=config_source)
-        self.reloads: deque[ReloadEvent] = deque(maxlen=32)
-        self.reload_seq = 0
         self.runtime = dict(runtime or {})
         self.loaded: LoadedModel | None = None
         self.model_status = "loading"

@@ -100,7 +100,6 @@ class Engine:
         optimized_blas: Whether an optimized CPU BLAS is active (picks the
             demo model's dtype on Linux).
         fault_injection: Honour ``GenerationRequest.fault`` (tests only).
-        config_source: The config file, for the snapshot.
         runtime: Facts about the process (BLAS, device) for the snapshot.
         cluster: Rank 0 of a cluster (docs/cluster.md): the engine joins the
             group, loads its shard, and broadcasts each step to the other
@@ -117,16 +116,13 @@ class Engine:
         *,
         optimized_blas: bool = False,
         fault_injection: bool = False,
-        config_source: str | None = None,
         runtime: dict[str, Any] | None = None,
         cluster: Leader | None = None,
         pool: MemoryPool | None = None,
         model_id: str = "",
         load_at_start: bool = True,
     ):
-        self._core = EngineCore(
-            settings, faults=fault_injection, config_source=config_source, runtime=runtime
-        )
+        self._core = EngineCore(settings, faults=fault_injection, runtime=runtime)
         self._core.pool, self._core.pool_id = pool, model_id
         self._load_at_start = load_at_start
         self.model_id = model_id

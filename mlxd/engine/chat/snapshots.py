@@ -130,7 +130,6 @@ def build_snapshot(
         rows=tuple(rows),
         pending=tuple(pending),
         drains=core.drains.events(),
-        reloads=tuple(reversed(core.reloads)),
         prompt_cache=core.prompt_cache.view(core.counters.cached_tokens),
         counters={
             **core.counters.view(),
@@ -138,7 +137,6 @@ def build_snapshot(
             "drain_paused_seconds": round(core.drains.total_paused_s, 3),
         },
         throughput=core.throughput.view(wall),
-        config=core.config,
         runtime=dict(core.runtime),
         last_step_at=core.last_step_wall,
         last_error=core.last_error,
