@@ -17,29 +17,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.connection import ASGIConnection
-from litestar.di import Provide
 from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
-from mlxd.api.ops.stats import NO_STORE
-from mlxd.api.state import AppState, Mlxd, provide_app_state
+from mlxd.api.ops.stats import NO_STORE, daemon_stats
+from mlxd.api.state import AppState, Mlxd
 from mlxd.config import dump_toml
-from mlxd.dashboard import configfile, views
+from mlxd.dashboard import configfile
 from mlxd.dashboard.configfile import Conflict, Current
 from mlxd.dashboard.csrf import csrf_token
-from mlxd.dashboard.editview import (
-    conflict_view,
+from mlxd.dashboard.editor_panels import (
+    conflict_panel,
     file_diff,
     history_rows,
-    result_view,
+    result_panel,
     secrets_in,
 )
 from mlxd.dashboard.quick import quick_controls, quick_edit, quick_values
 from mlxd.dashboard.refused import DashboardRefused, require_admin
+from mlxd.dashboard.regions import format_region
 from mlxd.dashboard.templating import environment
 from mlxd.reload import check, reload_from_file
 
@@ -80,7 +81,7 @@ def _page(request: Request, context: dict[str, Any], status: int = 200, **kw: An
 
 
 def _refusal(request: Request, status: int, message: str) -> Response[str]:
-    result = result_view("", "refused", message=message)
+    result = result_panel("", "refused", message=message)
     if request.headers.get("hx-request"):
         return _html(_block("config_result", {"result": result}), status)
     login = status == 401
@@ -106,9 +107,8 @@ def editor_context(
 ) -> dict[str, Any]:
     """Everything the editor shows: the file, the quick controls, the history, a result."""
     now = time.time()
-    snapshot = mlxd.engine.snapshot().as_dict(now)
     context: dict[str, Any] = {
-        "status": views.region_view("status-bar", snapshot, now),
+        "status": format_region("status-bar", daemon_stats(mlxd, now), now),
         "result": result,
     }
     path = mlxd.config_path
@@ -145,14 +145,16 @@ class _Stop(Exception):
     """Ends a submission early with a result; the forms stay as the user left them."""
 
     def __init__(self, action: str, outcome: str, **kw: Any):
-        self.result = result_view(action, outcome, **kw)
+        self.result = result_panel(action, outcome, **kw)
 
 
-def _wanted(action: str, form: dict[str, str], mlxd: AppState, current: Current) -> tuple[str, str]:
+def _wanted(
+    action: str, form: dict[str, str], mlxd: AppState, path: Path, current: Current
+) -> tuple[str, str]:
     """The file text a submission asks for, and a note about it."""
     if action == "rollback":
         try:
-            return configfile.read_backup(mlxd.config_path, form.get("version", "")), ""
+            return configfile.read_backup(path, form.get("version", "")), ""
         except (KeyError, OSError, UnicodeDecodeError):
             raise _Stop(action, "error", message="no such version in the history") from None
     if form.get("source") == "raw":
@@ -172,17 +174,19 @@ def _wanted(action: str, form: dict[str, str], mlxd: AppState, current: Current)
     )
 
 
-def _conflict(action: str, form: dict[str, str], mlxd: AppState, disk: Current) -> _Stop:
+def _conflict(
+    action: str, form: dict[str, str], mlxd: AppState, path: Path, disk: Current
+) -> _Stop:
     labels = {
         "rollback": "The version you chose",
         "quick": "Yours: your quick-control values applied to the file now on disk",
     }
     label = labels.get(action, labels.get(form.get("source", ""), "Yours"))
     try:
-        yours = _wanted(action, form, mlxd, disk)[0]
+        yours = _wanted(action, form, mlxd, path, disk)[0]
     except _Stop:
         yours = form.get("text", "")
-    return _Stop(action, "conflict", conflict=conflict_view(yours, disk, label))
+    return _Stop(action, "conflict", conflict=conflict_panel(yours, disk, label))
 
 
 async def _process(action: str, form: dict[str, str], mlxd: AppState) -> dict[str, Any]:
@@ -195,8 +199,8 @@ async def _process(action: str, form: dict[str, str], mlxd: AppState) -> dict[st
     except (OSError, UnicodeDecodeError) as exc:
         raise _Stop(action, "error", message=f"cannot read {path}: {exc}") from None
     if current.sha256 != base:
-        raise _conflict(action, form, mlxd, current)
-    text, note = _wanted(action, form, mlxd, current)
+        raise _conflict(action, form, mlxd, path, current)
+    text, note = _wanted(action, form, mlxd, path, current)
     diff = file_diff(current.text, text, secrets_in(current.text, text))
     settings, checked = check(mlxd, text=text, trigger=TRIGGER)
     if settings is None and action != "validate":
@@ -211,12 +215,12 @@ async def _process(action: str, form: dict[str, str], mlxd: AppState) -> dict[st
         # fsync can take a while: off the event loop, which streams tokens meanwhile.
         await asyncio.to_thread(configfile.save, path, text, expected_sha256=base)
     except Conflict as exc:
-        raise _conflict(action, form, mlxd, exc.disk) from None
+        raise _conflict(action, form, mlxd, path, exc.disk) from None
     except OSError as exc:
         raise _Stop(action, "error", message=f"cannot write {path}: {exc}") from None
     logger.info("%s: wrote %s", "rollback" if action == "rollback" else "editor", path)
     reloaded = await reload_from_file(mlxd, trigger=TRIGGER, text=text)
-    return result_view(action, reloaded.outcome, reload=reloaded, diff=diff, note=note)
+    return result_panel(action, reloaded.outcome, reload=reloaded, diff=diff, note=note)
 
 
 async def _submit(action: str, request: Request, mlxd: AppState) -> Response[str]:
@@ -258,7 +262,6 @@ def _in_place(
 class EditorController(Controller):
     path = "/dashboard/config"
     guards = [editor_guard]
-    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
     exception_handlers = {DashboardRefused: _on_refused, PermissionDeniedException: _on_csrf}
     request_max_body_size = MAX_FORM_BYTES
 

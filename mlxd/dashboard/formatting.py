@@ -1,7 +1,7 @@
 """How the dashboard writes numbers, sizes, times and shares for people.
 
-Shared by the region views (:mod:`mlxd.dashboard.views`) and the models panel
-(:mod:`mlxd.dashboard.models`).
+Shared by every region's formatter (:mod:`mlxd.dashboard.regions`) and the
+config editor's panels.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 
 from mlxd.config import format_bytes
 
-View = dict[str, Any]
+# What a formatter returns for a template: values ready to place, no arithmetic left.
+Formatted = dict[str, Any]
 
 
 def human_bytes(n: int | float | None) -> str:

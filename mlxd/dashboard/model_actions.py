@@ -20,16 +20,15 @@ from typing import Any
 
 from litestar import Controller, MediaType, Request, Response, post
 from litestar.connection import ASGIConnection
-from litestar.di import Provide
 from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
 from mlxd.api.http.access import can_admin, can_read
 from mlxd.api.ops.stats import NO_STORE
-from mlxd.api.state import AppState, Mlxd, provide_app_state
-from mlxd.dashboard import views
+from mlxd.api.state import AppState, Mlxd
 from mlxd.dashboard.csrf import csrf_token
 from mlxd.dashboard.refused import DashboardRefused, require_admin
+from mlxd.dashboard.regions import format_region
 from mlxd.dashboard.templating import environment
 from mlxd.engine import FleetRefusal
 
@@ -69,7 +68,7 @@ def _answer(request: Request, status: int, outcome: str, message: str) -> Respon
     panel = None
     if can_read(request, mlxd.settings):
         admin = can_admin(request, mlxd.settings)
-        panel = views.region_view("models", panel_state(request, mlxd, admin), now)
+        panel = format_region("models", panel_state(request, mlxd, admin), now)
     env = environment()
     if request.headers.get("hx-request"):
         html = env.get_template("models_result.html").render(result=result)
@@ -130,7 +129,6 @@ async def _act(request: Request, mlxd: AppState, action: str) -> Response[str]:
 class ModelActionsController(Controller):
     path = "/dashboard/models"
     guards = [actions_guard]
-    dependencies = {"mlxd": Provide(provide_app_state, sync_to_thread=False)}
     exception_handlers = {DashboardRefused: _on_refused, PermissionDeniedException: _on_csrf}
     request_max_body_size = MAX_FORM_BYTES
 

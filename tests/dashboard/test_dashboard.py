@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from mlxd.api.http.access import COOKIE, cookie_value
-from mlxd.dashboard.views import REGIONS
+from mlxd.dashboard.regions import REGIONS
 from tests.support import ROOT
 from tests.support.browser import CHROMIUM_ARGS, require_browser
 from tests.support.daemon import Daemon, toml_config
@@ -141,7 +141,7 @@ def outline(html: str) -> Outline:
 
 def test_every_partial_is_its_own_route(daemon: Daemon) -> None:
     names = sorted(p.stem for p in PARTIALS.glob("*.html"))
-    assert names == sorted(REGIONS), "templates/partials and views.REGIONS disagree"
+    assert names == sorted(REGIONS), "templates/partials and regions.REGIONS disagree"
     page = outline(httpx.get(f"{daemon.url}/dashboard").text)
     page_ids = {attrs["id"]: attrs for _, attrs in page.ids}
     for name in names:

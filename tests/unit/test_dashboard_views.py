@@ -1,10 +1,10 @@
-"""The dashboard's view functions on plain snapshot values (pure: no daemon needed)."""
+"""The dashboard's region formatters on plain snapshot values (pure: no daemon needed)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlxd.dashboard import views
+from mlxd.dashboard import activity
 
 
 def _rows(lanes: list[str]) -> list[dict[str, Any]]:
@@ -25,14 +25,14 @@ def _snapshot(lanes: list[str], configured: int) -> dict[str, Any]:
 
 
 def test_more_rows_than_the_width_explains_itself() -> None:
-    v = views.active_rows(_snapshot(["batch"] * 8, 4), 0.0)
+    v = activity.active_rows(_snapshot(["batch"] * 8, 4), 0.0)
     assert v["summary"] == "8 running of 4"
     assert "lowered to 4" in v["over_width"] and "8 batch rows" in v["over_width"]
     assert "finish first" in v["over_width"]
 
 
 def test_a_full_batch_plus_the_serial_row_needs_no_explanation() -> None:
-    v = views.active_rows(_snapshot(["batch"] * 4 + ["serial"], 4), 0.0)
+    v = activity.active_rows(_snapshot(["batch"] * 4 + ["serial"], 4), 0.0)
     assert v["summary"] == "5 running of 4" and v["over_width"] is None
 
 
@@ -77,7 +77,7 @@ def _fleet() -> dict[str, Any]:
 
 
 def test_models_panel_shows_each_model_against_the_budget() -> None:
-    from mlxd.dashboard.models import models_panel
+    from mlxd.dashboard.models_panel import models_panel
 
     v = models_panel({"fleet": _fleet(), "actions": "tok"}, 100.0)
     a, b = v["models"]

@@ -68,7 +68,7 @@ class RecentRequests:
         with self._lock:
             self._ended.append(entry)
 
-    def view(self, now: float) -> dict[str, Any]:
+    def percentiles(self, now: float) -> dict[str, Any]:
         """p50/p95 of each timing over the window (seconds; None when nothing ended)."""
         since = now - self.window_s
         with self._lock:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.config import format_bytes
+from mlxd.dashboard.formatting import Formatted
 
 STATE_LABELS = {"forming": "forming", "ready": "in step", "peer_lost": "peer lost"}
 
 
-def cluster(s: dict[str, Any], now: float) -> dict[str, Any]:
+def cluster_panel(s: dict[str, Any], now: float) -> Formatted:
     c = s.get("cluster")
     if not c:
         return {"present": False}

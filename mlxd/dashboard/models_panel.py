@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.dashboard.formatting import (
-    View,
+    Formatted,
     ago,
     bar_width,
     clock,
@@ -69,7 +69,7 @@ def _held(m: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def _segments(model_id: str, held: dict[str, int], budget: int) -> list[View]:
+def _segments(model_id: str, held: dict[str, int], budget: int) -> list[Formatted]:
     return [
         {
             "kind": kind,
@@ -81,7 +81,7 @@ def _segments(model_id: str, held: dict[str, int], budget: int) -> list[View]:
     ]
 
 
-def _actions(m: dict[str, Any]) -> View:
+def _actions(m: dict[str, Any]) -> Formatted:
     state = m["state"]
     return {
         "load": state in ("unloaded", "failed"),
@@ -92,7 +92,7 @@ def _actions(m: dict[str, Any]) -> View:
     }
 
 
-def _model(m: dict[str, Any], budget: int, now: float) -> View:
+def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
     held = _held(m)
     engine = m.get("engine") or {}
     total = sum(held.values())
@@ -140,7 +140,7 @@ def _keep_alive(value: Any) -> str:
     return f"{seconds:g} s"
 
 
-def _event(e: dict[str, Any], now: float) -> View:
+def _event(e: dict[str, Any], now: float) -> Formatted:
     return {
         "model": e["model"],
         "kind": e["kind"],
@@ -152,7 +152,7 @@ def _event(e: dict[str, Any], now: float) -> View:
     }
 
 
-def models_panel(s: dict[str, Any], now: float) -> View:
+def models_panel(s: dict[str, Any], now: float) -> Formatted:
     """The models region; ``s["fleet"]`` is ``FleetView.as_dict()``, ``s["actions"]``
     the CSRF token for an admin's buttons (None: no buttons)."""
     fleet = s["fleet"]

@@ -1,4 +1,4 @@
-"""What the editor shows: value changes, issues, file diffs with secrets masked, history."""
+"""The config editor's panels: value changes, issues, file diffs with secrets masked, history."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import time
 from typing import Any
 
 from mlxd.config import ConfigError, ConfigIssue, format_bytes, parse_toml
-from mlxd.dashboard import configfile, views
+from mlxd.dashboard import configfile
 from mlxd.dashboard.configfile import Current
+from mlxd.dashboard.formatting import Formatted, ago, clock, human_bytes, iso
 from mlxd.reload import Change, ReloadResult
 
 MASK = "********"
@@ -94,11 +95,11 @@ def history_rows(
         rows.append(
             {
                 "name": b.name,
-                "replaced": views.clock(b.replaced_at),
-                "replaced_iso": views.iso(b.replaced_at),
-                "replaced_ago": views.ago(b.replaced_at, now),
+                "replaced": clock(b.replaced_at),
+                "replaced_iso": iso(b.replaced_at),
+                "replaced_ago": ago(b.replaced_at, now),
                 "written": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b.written_at)),
-                "size": views.human_bytes(b.size),
+                "size": human_bytes(b.size),
                 "same": text == current,
                 "diff": file_diff(current, text, secrets),
             }
@@ -131,7 +132,7 @@ def diff_label(action: str, outcome: str) -> str:
     return "on disk → yours, not written"
 
 
-def result_view(
+def result_panel(
     action: str,
     outcome: str,
     *,
@@ -141,7 +142,7 @@ def result_view(
     conflict: dict[str, Any] | None = None,
     message: str | None = None,
     note: str = "",
-) -> dict[str, Any]:
+) -> Formatted:
     r = reload
     return {
         "action": action,
@@ -159,7 +160,7 @@ def result_view(
     }
 
 
-def conflict_view(yours: str, disk: Current, label: str = "Yours") -> dict[str, Any]:
+def conflict_panel(yours: str, disk: Current, label: str = "Yours") -> Formatted:
     secrets = secrets_in(yours, disk.text)
     return {
         "label": label,

@@ -1,0 +1,123 @@
+"""The running rows, the pending queue and the counters of the default chat model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.dashboard.formatting import (
+    Formatted,
+    bar_width,
+    count,
+    duration,
+    human_bytes,
+    percent,
+    rate,
+    short_id,
+)
+
+WAITING_FOR = {
+    "budget": "KV budget",
+    "batch_full": "batch full",
+    "drain": "drain",
+    "serial_lane": "its serial turn",
+}
+
+
+def _phase(row: dict[str, Any]) -> tuple[str, str | None]:
+    if row["phase"] == "prefill" and row["prefill_total"]:
+        done, total = row["prefill_done"], row["prefill_total"]
+        return f"prefill {count(done)}/{count(total)}", bar_width(done, total)
+    return row["phase"], None
+
+
+def active_rows(s: dict[str, Any], now: float) -> Formatted:
+    rows = []
+    for r in s["rows"]:
+        phase, progress = _phase(r)
+        rows.append(
+            {
+                "id": r["id"],
+                "short_id": short_id(r["id"]),
+                "api": r["api"],
+                "lane": r["lane"],
+                "phase": r["phase"],
+                "phase_label": phase,
+                "prefill_width": progress,
+                "cached": count(r["cached_tokens"]) if r["cached_tokens"] else None,
+                "prompt_tokens": count(r["prompt_tokens"]),
+                "tokens": f"{count(r['generated_tokens'])} / {count(r['max_tokens'])}",
+                "tokens_width": bar_width(r["generated_tokens"], r["max_tokens"]),
+                "tps": rate(r["tokens_per_s"]),
+                "age": duration(r["age_s"]),
+                "kv": human_bytes(r["kv_bytes"]),
+                "projected_kv": human_bytes(r["projected_kv_bytes"]),
+                "constraint": r.get("constraint"),
+                "output": r.get("output") if r.get("output") not in (None, "answer") else None,
+            }
+        )
+    b = s["batch"]
+    batched = sum(1 for r in s["rows"] if r["lane"] == "batch")
+    return {
+        "rows": rows,
+        "summary": f"{b['active_rows']} running of {b['configured']}",
+        "over_width": (
+            f"The batch width was lowered to {b['configured']}: the {batched} batch rows "
+            f"already running finish first, and no new row starts until fewer than "
+            f"{b['configured']} run."
+            if batched > b["configured"]
+            else None
+        ),
+        "prefilling": b["prefilling_rows"],
+        "peak": b["max_active_rows_seen"],
+    }
+
+
+def pending_queue(s: dict[str, Any], now: float) -> Formatted:
+    items = [
+        {
+            "id": p["id"],
+            "short_id": short_id(p["id"]),
+            "api": p["api"],
+            "lane": p["lane"],
+            "waited": duration(p["waited_s"]),
+            "prompt_tokens": count(p["prompt_tokens"]),
+            "projected_kv": human_bytes(p["projected_kv_bytes"]),
+            "waiting_for": p["waiting_for"],
+            "waiting_for_label": WAITING_FOR.get(p["waiting_for"], p["waiting_for"]),
+        }
+        for p in s["pending"]
+    ]
+    return {"requests": items, "summary": f"{len(items)} waiting"}
+
+
+def counters(s: dict[str, Any], now: float) -> Formatted:
+    c, pc = s["counters"], s["prompt_cache"]
+    outcomes = ("completed", "cancelled", "failed")
+    lanes = []
+    for lane in ("batch", "serial"):
+        counts = c["requests"].get(lane, {})
+        lanes.append(
+            {
+                "lane": lane,
+                **{o: count(counts.get(o, 0)) for o in outcomes},
+                "total": count(sum(counts.values())),
+            }
+        )
+    lookups = pc["hits"] + pc["misses"]
+    return {
+        "lanes": lanes,
+        "finished": count(c["finished"]),
+        "submitted": count(c["submitted"]),
+        "rejected": [(reason, count(n)) for reason, n in sorted(c["rejected"].items())],
+        "rejected_total": count(sum(c["rejected"].values())),
+        "lane_reasons": [(reason, count(n)) for reason, n in sorted(c["lane_reasons"].items())],
+        "hit_rate": percent(pc["hits"], lookups),
+        "hits": count(pc["hits"]),
+        "lookups": count(lookups),
+        "cached_tokens": count(pc["cached_tokens_served"]),
+        "prompt_tokens": count(c["prompt_tokens"]),
+        "generated_tokens": count(c["generated_tokens"]),
+        "prefill_time": duration(c["prefill_seconds"]),
+        "decode_time": duration(c["decode_seconds"]),
+        "engine_errors": count(c["engine_errors"]),
+    }

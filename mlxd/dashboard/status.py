@@ -1,0 +1,98 @@
+"""The status bar, the KV gauge and the memory panel: the default chat model as it stands.
+
+Each function takes the dashboard's state (``/stats`` as a dict, plus what the
+HTTP side adds; see :mod:`mlxd.dashboard.page`) and returns what its partial
+template shows, in human units. Templates only place these values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.dashboard.formatting import (
+    Formatted,
+    ago,
+    bar_width,
+    clock,
+    count,
+    duration,
+    human_bytes,
+    iso,
+    percent,
+)
+
+
+def status_bar(s: dict[str, Any], now: float) -> Formatted:
+    model, batch, runtime, config = s["model"], s["batch"], s["runtime"], s["config"]
+    if s["mode"] == "serial":
+        mode = "serial"
+    elif batch["batched"]:
+        mode = f"batch {batch['configured']}"
+    else:
+        mode = f"batch {batch['configured']} (model cannot batch: serial)"
+    blas = str(runtime.get("blas") or "—")
+    if runtime.get("blas_threads"):
+        blas += f", {runtime['blas_threads']} threads"
+    return {
+        "model": model["name"] or "(no model)",
+        "model_status": model["status"],
+        "model_error": model["error"],
+        "family": model["family"] or "—",
+        "context": count(model["context"]) if model["context"] else "—",
+        "mode": mode,
+        "state": s["state"],
+        "stalled": s["stalled"],
+        "uptime": duration(s["uptime_s"]),
+        "config_version": config["version"],
+        "config_applied": clock(config["applied_at"]),
+        "config_applied_iso": iso(config["applied_at"]),
+        "config_applied_ago": ago(config["applied_at"], now),
+        "config_source": config["source"] or "defaults",
+        "device": runtime.get("device") or "—",
+        "blas": blas,
+        "blas_optimized": bool(runtime.get("blas_optimized")),
+        "last_error": s["last_error"],
+        "last_error_at": clock(s.get("last_error_at")),
+        "last_error_iso": iso(s.get("last_error_at")),
+        "last_error_ago": ago(s.get("last_error_at"), now),
+    }
+
+
+def kv_gauge(s: dict[str, Any], now: float) -> Formatted:
+    b, pc = s["batch"], s["prompt_cache"]
+    budget = b["kv_budget_bytes"]
+    return {
+        "live": human_bytes(b["kv_bytes"]),
+        "projected": human_bytes(b["kv_projected_bytes"]),
+        "budget": human_bytes(budget),
+        "budget_auto": b["kv_budget_auto"],
+        "live_width": bar_width(b["kv_bytes"], budget),
+        "projected_width": bar_width(b["kv_projected_bytes"], budget),
+        "live_pct": percent(b["kv_bytes"], budget),
+        "projected_pct": percent(b["kv_projected_bytes"], budget),
+        "over_budget": b["kv_projected_bytes"] > budget > 0,
+        "peak": human_bytes(b["max_kv_bytes_seen"]),
+        "paused": b["admission_paused"],
+        "cache_bytes": human_bytes(pc["bytes"]),
+        "cache_max": human_bytes(pc["max_bytes"]),
+        "cache_width": bar_width(pc["bytes"], pc["max_bytes"]),
+        "cache_pct": percent(pc["bytes"], pc["max_bytes"]),
+        "cache_entries": f"{pc['entries']} / {pc['max_entries']}",
+    }
+
+
+def memory(s: dict[str, Any], now: float) -> Formatted:
+    m, model, b = s.get("memory") or {}, s["model"], s["batch"]
+    proc = s.get("process") or {}
+    return {
+        "rss": human_bytes(proc.get("rss_bytes")),
+        "rss_label": proc.get("rss_label") or "RSS",
+        "active": human_bytes(m.get("active_bytes")),
+        "peak": human_bytes(m.get("peak_bytes")),
+        "cache": human_bytes(m.get("cache_bytes")),
+        "weights": human_bytes(model.get("weights_bytes") or None),
+        "dtype": model.get("dtype") or "—",
+        "kv": human_bytes(b["kv_bytes"]),
+        "kv_budget": human_bytes(b["kv_budget_bytes"]),
+        "active_width": bar_width(m.get("active_bytes", 0), m.get("peak_bytes", 0)),
+    }
