@@ -11,8 +11,7 @@ from litestar.static_files import create_static_files_router
 from litestar.types import ControllerRouterHandler
 
 from mlxd.api.anthropic.errors import ANTHROPIC
-from mlxd.api.anthropic.routes import PATH as MESSAGES_PATH
-from mlxd.api.anthropic.routes import messages_router
+from mlxd.api.anthropic.routes import MESSAGES_PATH, messages_router
 from mlxd.api.http.errors import OPENAI, Envelopes, error_handlers
 from mlxd.api.http.keys import api_key_guard
 from mlxd.api.http.requestlog import request_log

@@ -42,13 +42,15 @@ from mlxd.api.state import Mlxd
 from mlxd.engine import Accepted, Failed
 
 # Under /v1 (the router that mlxd.api.app mounts): /v1/messages.
-PATH = "/messages"
+MESSAGES_PATH = "/messages"
 
 
 def messages_router() -> Router:
     """The Messages routes with Anthropic's error envelope for every error they raise."""
     return Router(
-        path=PATH, route_handlers=[MessagesController], exception_handlers=error_handlers(ANTHROPIC)
+        path=MESSAGES_PATH,
+        route_handlers=[MessagesController],
+        exception_handlers=error_handlers(ANTHROPIC),
     )
 
 
