@@ -255,6 +255,10 @@ def test_model_swap_drains_and_serves_the_new_model(tiny_models):
     from mlxd.config import ModelSettings
 
     engine = make_engine(tiny_models("llama"), batch={"size": 4})
+
+    def with_model(path: str):
+        return engine.settings.model_copy(update={"model": ModelSettings(path=path)})
+
     try:
         old_id = engine.model_info.id
 
@@ -264,9 +268,7 @@ def test_model_swap_drains_and_serves_the_new_model(tiny_models):
                 for i in range(2)
             ]
             await wait_until(engine, lambda s: len(s.rows) == 2)
-            swap = asyncio.wrap_future(
-                engine.swap_model(ModelSettings(path=str(tiny_models("llama_b"))))
-            )
+            swap = asyncio.wrap_future(engine.load(with_model(str(tiny_models("llama_b")))))
             await wait_until(engine, lambda s: s.batch.admission_paused == "model_swap")
             queued = asyncio.create_task(consume(engine, token_request("queued", prompt(5), 10)))
             info = await swap
@@ -281,7 +283,7 @@ def test_model_swap_drains_and_serves_the_new_model(tiny_models):
         drains = engine.snapshot().drains
         assert [d.reason for d in drains] == ["model_swap"] and drains[0].rows_at_start == 2
 
-        future = engine.swap_model(ModelSettings(path="/nonexistent/model"))
+        future = engine.load(with_model("/nonexistent/model"))
         with pytest.raises(Exception, match="not a directory"):
             future.result(30)
         (still,) = run_all(engine, [token_request("still", prompt(6), 5)])
