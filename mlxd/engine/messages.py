@@ -202,31 +202,30 @@ class Finished:
     stop_sequence: str | None = None
 
 
-# Every code a Failed (or an engine's refusal) carries; the HTTP side answers with it.
 ErrorCode = Literal[
-    # a request the model cannot take (400)
-    "invalid_request",
-    "invalid_value",
-    "invalid_schema",
-    "tools_unsupported",
-    "tool_format_unsupported",
-    "unsupported_parameter",
     "context_length_exceeded",
     "context_over_budget",
-    # the engine cannot take it now, or ended it
     "queue_full",
     "shutting_down",
     "model_not_loaded",
     "cancelled",
     "generation_error",
-    "embedding_error",
+    "invalid_request",
+    # A tool_choice the model's tool-call format has no grammar for (StructureError).
+    "tool_format_unsupported",
+    "invalid_schema",
+    "tools_unsupported",
+    "invalid_value",
     "peer_lost",
-    # the fleet: which model, and whether it can be loaded
+    # The fleet's refusals (routing, loading, memory, admin).
     "model_not_found",
     "model_kind_mismatch",
     "model_load_failed",
     "model_too_large",
     "model_pinned",
+    # An embedding model's.
+    "unsupported_parameter",
+    "embedding_error",
 ]
 
 

@@ -51,7 +51,6 @@ from mlxd.engine.snapshot import Snapshot
 if TYPE_CHECKING:
     from mlxd.engine.chat.grammar import Grammars
     from mlxd.engine.cluster.leader import Leader
-    from mlxd.engine.model_engine import EngineInfo
 
 T = TypeVar("T")
 
@@ -199,13 +198,8 @@ class Engine:
         """Have the engine thread carry out ``command`` between two steps (thread-safe)."""
         return self._thread.send(command)
 
-    def load(self, settings: Settings) -> concurrent.futures.Future[EngineInfo]:
-        """Drain both lanes, load ``settings.model`` and serve it; on failure the old one stays.
-
-        Resolves to the new model's :class:`ModelInfo` (typed as the
-        protocol's :data:`~mlxd.engine.model_engine.EngineInfo`: futures are
-        invariant).
-        """
+    def load(self, settings: Settings) -> concurrent.futures.Future[ModelInfo]:
+        """Drain both lanes, load ``settings.model`` and serve it; on failure the old one stays."""
         return self._thread.send(Load(settings.model))
 
     def unload(self) -> concurrent.futures.Future[None]:
