@@ -260,7 +260,7 @@ def test_model_swap_drains_and_serves_the_new_model(tiny_models):
         return engine.settings.model_copy(update={"model": ModelSettings(path=path)})
 
     try:
-        old_id = engine.model_info.id
+        old_id = engine.info.id
 
         async def main():
             running = [
@@ -276,7 +276,7 @@ def test_model_swap_drains_and_serves_the_new_model(tiny_models):
 
         old, queued, info = asyncio.run(main())
         assert all(o.ok and len(o.tokens) == 80 for o in old)
-        assert info.id != old_id and engine.model_info.id == info.id
+        assert info.id != old_id and engine.info.id == info.id
         assert (
             queued.ok and queued.accepted.model == old_id
         )  # accepted before the swap, served after
@@ -287,7 +287,7 @@ def test_model_swap_drains_and_serves_the_new_model(tiny_models):
         with pytest.raises(Exception, match="not a directory"):
             future.result(30)
         (still,) = run_all(engine, [token_request("still", prompt(6), 5)])
-        assert still.ok and engine.model_info.id == info.id
+        assert still.ok and engine.info.id == info.id
     finally:
         engine.stop()
 

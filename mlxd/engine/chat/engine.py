@@ -110,7 +110,7 @@ class Engine:
         self._thread = EngineThread(
             settings,
             name=model_id,
-            hooks=self._hooks(cluster),
+            hooks=self._make_hooks(cluster),
             pool=pool,
             pool_id=model_id,
             optimized_blas=optimized_blas,
@@ -120,7 +120,7 @@ class Engine:
             load_at_start=load_at_start,
         )
 
-    def _hooks(self, cluster: ClusterHooks | Leader | None) -> ClusterHooks:
+    def _make_hooks(self, cluster: ClusterHooks | Leader | None) -> ClusterHooks:
         if cluster is None:
             return OneMachine()
         from mlxd.engine.cluster.leader import Leader
@@ -255,7 +255,7 @@ class Engine:
 
     @property
     def model_info(self) -> ModelInfo | None:
-        """The same as :attr:`info` (the fleet's older name for it)."""
+        """The same as :attr:`info` (``fleet/slot.py`` reads this name, until it reads ``info``)."""
         return self._thread.model.info
 
     @property
