@@ -231,7 +231,8 @@ class Collectives:
         total = mx.distributed.all_sum(
             mx.array([n], dtype=mx.int32), group=self.group, stream=self.stream
         )
-        size = int(np.asarray(total)[0])
+        size = total.item()
+        assert isinstance(size, int)  # an int32 sum
         if size == 0:
             return b""
         if self.rank == 0 and data is not None:
