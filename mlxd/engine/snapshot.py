@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mlxd.engine.cluster.view import ClusterView
 from mlxd.engine.policy.drain import DrainEvent
 
 
@@ -138,7 +139,7 @@ class Snapshot:
     # Per time bucket: the most KV bytes and waiting requests seen (sparklines).
     history: dict[str, Any] = field(default_factory=dict)
     # The cluster section (docs/cluster.md); None on a single machine.
-    cluster: dict[str, Any] | None = None
+    cluster: ClusterView | None = None
 
     def as_dict(self, now: float | None = None) -> dict[str, Any]:
         """The JSON shape of ``GET /stats`` (docs/api.md)."""
