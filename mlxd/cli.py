@@ -208,7 +208,8 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(settings.server.log_level)
     if not _prepare_runtime(settings):
         return 2
-    from mlxd.server import exit_now, serve
+    from mlxd.process import exit_now
+    from mlxd.server import serve
 
     exit_now(serve(settings, config_path=path, overrides=overrides))
     return 0  # not reached

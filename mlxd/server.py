@@ -1,6 +1,7 @@
-"""The composition root: settings, engine, app and uvicorn, wired together.
+"""The composition root: settings, engines, app and uvicorn, wired together for the process's role.
 
-Also where the process meets its supervisor: SIGTERM/SIGINT shut down
+A process has one of three roles (:func:`serve`): one machine, a cluster's
+rank 0, or a cluster follower. Also where the process meets its supervisor: SIGTERM/SIGINT shut down
 gracefully (new requests get 503, in-flight ones finish for up to
 ``server.shutdown_timeout`` seconds, then the rest end with an error and the
 process exits 0; a second signal exits at once), SIGHUP reloads the config.
@@ -13,12 +14,12 @@ import contextlib
 import logging
 import os
 import signal
-import sys
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -33,6 +34,13 @@ from mlxd.config import Settings
 from mlxd.dashboard import logtail
 from mlxd.engine.chat.engine import Engine
 from mlxd.listen import ListenError, bind
+from mlxd.process import EXIT_REFUSED
+
+if TYPE_CHECKING:
+    from mlxd.engine.cluster.join import Membership
+    from mlxd.engine.cluster.leader import Leader
+    from mlxd.engine.embeddings.engine import EmbeddingEngine
+    from mlxd.engine.fleet.memory import MemoryPool
 
 logger = logging.getLogger(__name__)
 
@@ -136,22 +144,6 @@ class MlxdServer(uvicorn.Server):
         self.should_exit = True
 
 
-def _leave_after_loss(state: AppState, message: str, code: int) -> None:
-    """The cluster is lost: refuse new requests, let error events flush, exit ``code``.
-
-    A supervisor (systemd, launchd) then restarts the group; no collective
-    can be trusted again in this process.
-    """
-    state.shutting_down = True
-    logger.error("cluster lost (%s); exiting with status %d", message, code)
-
-    def leave() -> None:
-        time.sleep(1.0)
-        exit_now(code)
-
-    threading.Thread(target=leave, name="mlxd-exit", daemon=True).start()
-
-
 def warn_if_exposed(settings: Settings) -> None:
     message = exposure_warning(settings)
     if message:
@@ -163,8 +155,60 @@ def _log_task_error(task: asyncio.Task) -> None:
         logger.error("background task failed", exc_info=task.exception())
 
 
-def _follow(settings: Settings, member: Any) -> int:
-    """A cluster rank other than 0: no HTTP, apply rank 0's plans (docs/cluster.md)."""
+# ---------------------------------------------------------------- the roles
+
+
+def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
+    """Run the daemon in the role its settings give it until it stops; returns the exit code.
+
+    One machine without ``[cluster]``; with it, rank 0 serves HTTP for the
+    group and every other rank follows rank 0's plans (docs/cluster.md). A
+    role that serves HTTP binds its port first: a busy port fails at once,
+    before the model loads.
+    """
+    if settings.cluster is None:
+        return serve_alone(settings, config_path=config_path, overrides=overrides)
+    from mlxd.engine.cluster.join import ClusterError, membership
+
+    try:
+        member = membership(settings.cluster)
+    except ClusterError as exc:
+        logger.error("cluster: %s", exc)
+        return EXIT_REFUSED
+    if member.rank != 0:
+        return serve_follower(settings, member)
+    return serve_rank0(settings, member, config_path=config_path, overrides=overrides)
+
+
+def serve_alone(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
+    """One machine: HTTP and every configured model."""
+    sock = _listen(settings)
+    if sock is None:
+        return EXIT_REFUSED
+    runtime = _prepare(config_path)
+    return _run_http(settings, sock, runtime, config_path=config_path, overrides=overrides)
+
+
+def serve_rank0(
+    settings: Settings, member: Membership, *, config_path: Path | None, overrides: dict[str, Any]
+) -> int:
+    """A cluster's rank 0: HTTP and the one model, whose engine leads the group."""
+    from mlxd.engine.cluster.leader import Leader
+
+    assert settings.cluster is not None
+    sock = _listen(settings)
+    if sock is None:
+        return EXIT_REFUSED
+    runtime = _prepare(config_path)
+    leader = Leader(settings.cluster, member)
+    logger.info("cluster rank 0 of %s: serving HTTP for the group", member.world)
+    return _run_http(
+        settings, sock, runtime, config_path=config_path, overrides=overrides, leader=leader
+    )
+
+
+def serve_follower(settings: Settings, member: Membership) -> int:
+    """A cluster rank other than 0: no HTTP (it binds nothing), it applies rank 0's plans."""
     from mlxd.engine.cluster.follower import run_follower
 
     runtime = runtime_info()
@@ -175,35 +219,25 @@ def _follow(settings: Settings, member: Any) -> int:
         runtime["device"],
         runtime["blas"],
     )
-    faults = os.environ.get("MLXD_FAULT_INJECTION") == "1"
     return run_follower(
-        settings, member, optimized_blas=bool(runtime["blas_optimized"]), faults=faults
+        settings, member, optimized_blas=bool(runtime["blas_optimized"]), faults=_faults()
     )
 
 
-def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
-    """Run the daemon until a signal stops it. Returns the exit code.
+# ---------------------------------------------------------------- shared setup
 
-    The port is bound first: a busy port fails at once, before MLX and the
-    model load.
-    """
-    host, port = settings.server.host, settings.server.port
-    member = None
-    if settings.cluster is not None:
-        from mlxd.engine.cluster.join import ClusterError, membership
 
-        try:
-            member = membership(settings.cluster)
-        except ClusterError as exc:
-            logger.error("cluster: %s", exc)
-            return 2
-        if member.rank != 0:  # a follower serves no HTTP: it binds nothing
-            return _follow(settings, member)
+def _listen(settings: Settings) -> socket.socket | None:
+    """The port, bound first: a busy port fails at once, before the model loads."""
     try:
-        sock = bind(host, port)
+        return bind(settings.server.host, settings.server.port)
     except ListenError as exc:
         logger.error("%s", exc)
-        return 2
+        return None
+
+
+def _prepare(config_path: Path | None) -> dict[str, Any]:
+    """Tidy the config's folder and log what the process runs on; returns the runtime facts."""
     if config_path is not None:
         from mlxd.dashboard.configfile import clean_stray_temps
 
@@ -216,43 +250,83 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         runtime["blas"],
         f" ({runtime['blas_path']})" if runtime["blas_path"] else "",
     )
-    faults = os.environ.get("MLXD_FAULT_INJECTION") == "1"
-    leader = None
-    if settings.cluster is not None and member is not None:
-        from mlxd.engine.cluster.leader import Leader
+    return runtime
 
-        leader = Leader(settings.cluster, member)
-        logger.info("cluster rank 0 of %s: serving HTTP for the group", member.world)
-    optimized = bool(runtime["blas_optimized"])
-    state: AppState | None = None
 
-    def make_engine(model_settings: Settings, model_id: str, pool: Any, at_start: bool) -> Engine:
+def _faults() -> bool:
+    """Whether requests may inject faults (tests only)."""
+    return os.environ.get("MLXD_FAULT_INJECTION") == "1"
+
+
+class EngineFactory:
+    """How the fleet builds each model's engine, from what every engine shares."""
+
+    def __init__(
+        self,
+        runtime: dict[str, Any],
+        *,
+        faults: bool,
+        leader: Leader | None,
+    ):
+        self.runtime = runtime
+        self.optimized_blas = bool(runtime["blas_optimized"])
+        self.faults = faults
+        self.leader = leader
+        # Set once the app state exists, before any engine can lose a cluster.
+        self.state: AppState | None = None
+
+    def chat(self, settings: Settings, model_id: str, pool: MemoryPool, at_start: bool) -> Engine:
         engine = Engine(
-            model_settings,
-            optimized_blas=optimized,
-            fault_injection=faults,
-            runtime=runtime,
-            cluster=leader,
+            settings,
+            optimized_blas=self.optimized_blas,
+            fault_injection=self.faults,
+            runtime=self.runtime,
+            cluster=self.leader,
             pool=pool,
             model_id=model_id,
             load_at_start=at_start,
         )
-        engine.on_fatal = lambda message, code: _leave_after_loss(state, message, code)
+        engine.on_fatal = self.cluster_lost
         return engine
 
-    def make_embedding(model_settings: Settings, model_id: str) -> Any:
+    def embedding(self, settings: Settings, model_id: str) -> EmbeddingEngine:
         from mlxd.engine.embeddings.engine import EmbeddingEngine
 
-        return EmbeddingEngine(model_settings, model_id, optimized_blas=optimized)
+        return EmbeddingEngine(settings, model_id, optimized_blas=self.optimized_blas)
 
+    def cluster_lost(self, message: str, code: int) -> None:
+        """Refuse new requests, let the error events flush, exit ``code``.
+
+        A supervisor (systemd, launchd) then restarts the group; no
+        collective can be trusted again in this process.
+        """
+        from mlxd.engine.cluster.watchdog import leave_soon
+
+        if self.state is not None:
+            self.state.shutting_down = True
+        leave_soon(message, code, grace_s=1.0)
+
+
+def _run_http(
+    settings: Settings,
+    sock: socket.socket,
+    runtime: dict[str, Any],
+    *,
+    config_path: Path | None,
+    overrides: dict[str, Any],
+    leader: Leader | None = None,
+) -> int:
+    """Build the fleet, the app and uvicorn on the bound socket; serve until a signal."""
     from mlxd.engine.chat.loading import device_memory_bytes
     from mlxd.engine.fleet.fleet import Fleet
 
+    faults = _faults()
+    engines = EngineFactory(runtime, faults=faults, leader=leader)
     fleet = Fleet(
         settings,
         device_bytes=device_memory_bytes(),
-        make_engine=make_engine,
-        make_embedding=make_embedding,
+        make_engine=engines.chat,
+        make_embedding=engines.embedding,
     )
     state = AppState(
         fleet=fleet,
@@ -261,23 +335,37 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         overrides=overrides,
         fault_injection=faults,
     )
+    engines.state = state
     install_metrics(state)
     install_recent(state)
     logtail.install()
     app = make_app(state)
     fleet.start()
-    config = uvicorn.Config(
+    server = MlxdServer(_uvicorn_config(app, state), state)
+    warn_if_exposed(settings)
+    _log_addresses(settings.server.host, settings.server.port)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        fleet.stop()
+    return 0 if server.started or server.should_exit else 1
+
+
+def _uvicorn_config(app: Any, state: AppState) -> uvicorn.Config:
+    server = state.settings.server
+    return uvicorn.Config(
         RequestGuard(app, lambda: state.settings, ERROR_ENVELOPES),
         http=make_protocol(lambda: state.settings.limits.header_timeout),
-        host=host,
-        port=port,
+        host=server.host,
+        port=server.port,
         log_config=None,
         lifespan="off",
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
     )
-    server = MlxdServer(config, state)
-    warn_if_exposed(settings)
+
+
+def _log_addresses(host: str, port: int) -> None:
     shown = f"[{host}]" if ":" in host else host
     logger.info("mlxd listening on http://%s:%d (the model loads meanwhile)", shown, port)
     logger.info(
@@ -287,22 +375,3 @@ def serve(settings: Settings, *, config_path: Path | None, overrides: dict[str, 
         shown,
         port,
     )
-    try:
-        server.run(sockets=[sock])
-    finally:
-        fleet.stop()
-    return 0 if server.started or server.should_exit else 1
-
-
-def exit_now(code: int) -> None:
-    """Leave without interpreter teardown, once everything is flushed.
-
-    The engine has stopped and released its MLX objects; skipping teardown
-    keeps MLX's static destructors from racing objects Python frees late
-    (seen as "terminate called without an active exception").
-    """
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from mlxd.engine.channel import RequestHandle
 from mlxd.engine.checks import IntakeError, check_request
+from mlxd.engine.cluster.view import ClusterView
 from mlxd.engine.constraints import (
     TOOL_GRAMMAR_FORMATS,
     StructureError,
@@ -66,6 +67,7 @@ __all__ = [
     "Accepted",
     "Api",
     "ChatPrompt",
+    "ClusterView",
     "Constraint",
     "Delta",
     "EmbeddingError",

@@ -10,15 +10,24 @@ them again on the engine's side, since a model swap may change the vocabulary.
 
 from __future__ import annotations
 
-from mlxd.engine.messages import ChatPrompt, GenerationRequest, ModelInfo, TextPrompt, TokenPrompt
+from mlxd.engine.messages import (
+    ChatPrompt,
+    ErrorCode,
+    GenerationRequest,
+    ModelInfo,
+    TextPrompt,
+    TokenPrompt,
+)
 
 
 class IntakeError(ValueError):
     """A request the model cannot take; answered with a 400."""
 
-    def __init__(self, message: str, *, code: str = "invalid_request", param: str | None = None):
+    def __init__(
+        self, message: str, *, code: ErrorCode = "invalid_request", param: str | None = None
+    ):
         super().__init__(message)
-        self.code = code
+        self.code: ErrorCode = code
         self.param = param
 
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher
 
-from mlxd.engine.messages import Constraint
+from mlxd.engine.messages import Constraint, ErrorCode
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # the stub's TypedDict (not at runtime)
 
 # The JSON compiler's options: compact JSON (no free whitespace a random or
 # small model could loop in). ``lenient`` is set per schema (strict -> False).
-_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 
 # Tool-call formats (mlx-lm tool parser names) that have a grammar.
 TOOL_GRAMMAR_FORMATS = ("json_tools", "mistral")
@@ -29,9 +31,9 @@ MAX_PARALLEL_CALLS = 8
 class StructureError(ValueError):
     """A schema or tool definition that cannot be enforced; a 400."""
 
-    def __init__(self, message: str, *, code: str, param: str):
+    def __init__(self, message: str, *, code: ErrorCode, param: str):
         super().__init__(message)
-        self.code = code
+        self.code: ErrorCode = code
         self.param = param
 
 
@@ -52,8 +54,8 @@ def _check(grammar: str, param: str) -> None:
         )
 
 
-def _schema_options(strict: bool) -> dict[str, Any]:
-    return {**_JSON_OPTIONS, "lenient": not strict}
+def _schema_options(strict: bool) -> JsonCompileOptions:
+    return {"whitespace_flexible": False, "lenient": not strict}
 
 
 def json_constraint(schema: dict[str, Any], *, strict: bool, param: str) -> Constraint:

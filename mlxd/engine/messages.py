@@ -211,10 +211,21 @@ ErrorCode = Literal[
     "cancelled",
     "generation_error",
     "invalid_request",
+    # A tool_choice the model's tool-call format has no grammar for (StructureError).
+    "tool_format_unsupported",
     "invalid_schema",
     "tools_unsupported",
     "invalid_value",
     "peer_lost",
+    # The fleet's refusals (routing, loading, memory, admin).
+    "model_not_found",
+    "model_kind_mismatch",
+    "model_load_failed",
+    "model_too_large",
+    "model_pinned",
+    # An embedding model's.
+    "unsupported_parameter",
+    "embedding_error",
 ]
 
 

@@ -255,8 +255,12 @@ def test_model_swap_drains_and_serves_the_new_model(tiny_models):
     from mlxd.config import ModelSettings
 
     engine = make_engine(tiny_models("llama"), batch={"size": 4})
+
+    def with_model(path: str):
+        return engine.settings.model_copy(update={"model": ModelSettings(path=path)})
+
     try:
-        old_id = engine.model_info.id
+        old_id = engine.info.id
 
         async def main():
             running = [
@@ -264,9 +268,7 @@ def test_model_swap_drains_and_serves_the_new_model(tiny_models):
                 for i in range(2)
             ]
             await wait_until(engine, lambda s: len(s.rows) == 2)
-            swap = asyncio.wrap_future(
-                engine.swap_model(ModelSettings(path=str(tiny_models("llama_b"))))
-            )
+            swap = asyncio.wrap_future(engine.load(with_model(str(tiny_models("llama_b")))))
             await wait_until(engine, lambda s: s.batch.admission_paused == "model_swap")
             queued = asyncio.create_task(consume(engine, token_request("queued", prompt(5), 10)))
             info = await swap
@@ -274,18 +276,18 @@ def test_model_swap_drains_and_serves_the_new_model(tiny_models):
 
         old, queued, info = asyncio.run(main())
         assert all(o.ok and len(o.tokens) == 80 for o in old)
-        assert info.id != old_id and engine.model_info.id == info.id
+        assert info.id != old_id and engine.info.id == info.id
         assert (
             queued.ok and queued.accepted.model == old_id
         )  # accepted before the swap, served after
         drains = engine.snapshot().drains
         assert [d.reason for d in drains] == ["model_swap"] and drains[0].rows_at_start == 2
 
-        future = engine.swap_model(ModelSettings(path="/nonexistent/model"))
+        future = engine.load(with_model("/nonexistent/model"))
         with pytest.raises(Exception, match="not a directory"):
             future.result(30)
         (still,) = run_all(engine, [token_request("still", prompt(6), 5)])
-        assert still.ok and engine.model_info.id == info.id
+        assert still.ok and engine.info.id == info.id
     finally:
         engine.stop()
 

@@ -40,7 +40,7 @@ def make_engine(model_dir: Path, *, faults: bool = False, **sections: dict[str, 
     engine = Engine(load_settings(None, overrides=overrides), fault_injection=faults)
     engine.start()
     assert engine.wait_loaded(120), "model did not load"
-    assert engine.model_info is not None, engine.snapshot().model.error
+    assert engine.info is not None, engine.snapshot().model.error
     return engine
 
 

@@ -9,6 +9,7 @@ import pytest
 from mlxd.config import ConfigError, load_settings
 from mlxd.engine.cluster.join import ClusterError, membership
 from mlxd.engine.cluster.plan import (
+    Digest,
     Fetch,
     Insert,
     Load,
@@ -70,10 +71,10 @@ def test_digests_agree_or_say_which_rank_diverged():
     for c in (a, b):
         c.add([5, 6, 7])
         c.step()
-    rows = [[3, a.steps, a.value, 100, 200], [3, b.steps, b.value, 90, 180]]
+    rows = [Digest(3, a.steps, a.value, 100, 200), Digest(3, b.steps, b.value, 90, 180)]
     assert compare_digests(rows) is None  # memory may differ between ranks
     b.add([8])
-    why = compare_digests([[3, a.steps, a.value, 0, 0], [3, b.steps, b.value, 0, 0]])
+    why = compare_digests([Digest(3, a.steps, a.value, 0, 0), Digest(3, b.steps, b.value, 0, 0)])
     assert why is not None and "rank 1 diverged" in why
 
 

@@ -23,7 +23,7 @@ from mlxd import __version__
 from mlxd.api.reload_log import AppliedConfig
 
 if TYPE_CHECKING:
-    from mlxd.engine import Snapshot
+    from mlxd.engine import ClusterView, Snapshot
 
 LANES = ("batch", "serial")
 OUTCOMES = ("completed", "cancelled", "failed")
@@ -192,42 +192,49 @@ class SnapshotCollector(Collector):
             yield from _cluster_metrics(primary.cluster)
 
 
-def _cluster_metrics(cluster: dict) -> Iterator[Metric]:
+def _cluster_metrics(cluster: ClusterView) -> Iterator[Metric]:
     """Only in a cluster (docs/cluster.md, "Metrics"): per-rank series carry ``rank``."""
     info = InfoMetricFamily("mlxd_cluster", "The cluster this rank 0 leads (always 1).")
     info.add_metric(
         [],
         {
-            "backend": str(cluster["backend"]),
-            "sharding": str(cluster["sharding"]),
-            "world_size": str(cluster["world_size"]),
-            "state": str(cluster["state"]),
+            "backend": str(cluster.backend),
+            "sharding": str(cluster.sharding),
+            "world_size": str(cluster.world_size),
+            "state": str(cluster.state),
         },
     )
     yield info
     yield GaugeMetricFamily(
-        "mlxd_cluster_ready", "1 while every rank is in step.", value=cluster["state"] == "ready"
+        "mlxd_cluster_ready", "1 while every rank is in step.", value=cluster.state == "ready"
     )
-    for name, doc, key in (
-        ("mlxd_cluster_plans", "Step plans rank 0 broadcast (steps and heartbeats).", "plans"),
-        ("mlxd_cluster_steps", "Model steps every rank ran in lockstep.", "steps"),
-        ("mlxd_cluster_plan_bytes", "Bytes of step plans broadcast.", "plan_bytes"),
+    for name, doc, value in (
+        ("mlxd_cluster_plans", "Step plans rank 0 broadcast (steps and heartbeats).",
+         cluster.plans),
+        ("mlxd_cluster_steps", "Model steps every rank ran in lockstep.", cluster.steps),
+        ("mlxd_cluster_plan_bytes", "Bytes of step plans broadcast.", cluster.plan_bytes),
         ("mlxd_cluster_comm_seconds", "Rank 0's time in plan and digest collectives.",
-         "comm_seconds"),
+         cluster.comm_seconds),
     ):  # fmt: skip
-        yield CounterMetricFamily(name, doc, value=cluster[key])
-    per_rank = (
-        ("mlxd_cluster_rank_active_memory_bytes", "MLX active memory per rank.",
-         "active_memory_bytes"),
-        ("mlxd_cluster_rank_peak_memory_bytes", "MLX peak memory per rank.", "peak_memory_bytes"),
-        ("mlxd_cluster_rank_heartbeat_age_seconds", "Seconds since rank 0 last heard the rank.",
-         "last_heartbeat_age_s"),
-    )  # fmt: skip
-    for name, doc, key in per_rank:
-        family = GaugeMetricFamily(name, doc, labels=["rank", "host"])
-        for rank in cluster["ranks"]:
-            family.add_metric([str(rank["rank"]), str(rank["host"] or "")], rank[key] or 0)
-        yield family
+        yield CounterMetricFamily(name, doc, value=value)
+    labels = ["rank", "host"]
+    active = GaugeMetricFamily(
+        "mlxd_cluster_rank_active_memory_bytes", "MLX active memory per rank.", labels=labels
+    )
+    peak = GaugeMetricFamily(
+        "mlxd_cluster_rank_peak_memory_bytes", "MLX peak memory per rank.", labels=labels
+    )
+    age = GaugeMetricFamily(
+        "mlxd_cluster_rank_heartbeat_age_seconds",
+        "Seconds since rank 0 last heard the rank.",
+        labels=labels,
+    )
+    for rank in cluster.ranks:
+        values = [str(rank.rank), str(rank.host or "")]
+        active.add_metric(values, rank.active_memory_bytes)
+        peak.add_metric(values, rank.peak_memory_bytes)
+        age.add_metric(values, rank.last_heartbeat_age_s or 0)
+    yield from (active, peak, age)
 
 
 def _info_metrics(snaps: list[tuple[str, Snapshot]], primary: Snapshot) -> Iterator[Metric]:

@@ -27,13 +27,13 @@ class HealthController(Controller):
         """
         snap = mlxd.engine.snapshot()
         now = time.time()
-        cluster = snap.cluster or {}
+        cluster = snap.cluster
         view = mlxd.fleet.view()
         snapshots = mlxd.fleet.snapshots()
         waiting = next((m for m in view.models if m.pinned and m.state != "loaded"), None)
         stalled = next((i for i, s in snapshots.items() if s.stalled(now)), None)
-        if cluster.get("state") not in (None, "ready"):
-            reason = f"cluster {cluster['state']}: {cluster.get('error') or 'waiting for ranks'}"
+        if cluster is not None and cluster.state != "ready":
+            reason = f"cluster {cluster.state}: {cluster.error or 'waiting for ranks'}"
         elif mlxd.shutting_down or snap.state == "stopping":
             reason = "shutting down"
         elif not all(engine.alive for engine in mlxd.fleet.engines()):

@@ -82,7 +82,7 @@ class BatchLane:
             max_tokens=[row.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[row.prompt[: len(row.prompt) - len(rest)]] if cache is not None else None,
-            samplers=[guard_sampler(row, sampler) if sampler else None],
+            samplers=[guard_sampler(row, sampler)] if sampler else None,
             logits_processors=[[guard_processor(row, p) for p in processors]],
         )
         row.uid = uid

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -55,8 +55,6 @@ class Grammars:
         self._capacity = capacity
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, LLMatcher] = OrderedDict()
-        # (seconds, cached) per compile request, read by /stats and /metrics.
-        self.compiles: list[tuple[float, bool]] = []
 
     def warm(self, constraint: Constraint) -> tuple[float, bool]:
         """Compile ``constraint`` into the cache (any thread); raises GrammarError.
@@ -71,12 +69,10 @@ class Grammars:
 
     def matcher(self, constraint: Constraint) -> LLMatcher:
         """A fresh matcher for ``constraint``: a copy of the cached compiled one."""
-        started = time.perf_counter()
         with self._lock:
             cached = self._cache.get(constraint.key)
             if cached is not None:
                 self._cache.move_to_end(constraint.key)
-        hit = cached is not None
         if cached is None:
             cached = LLMatcher(self.tokenizer, constraint.grammar, log_level=0)
             if cached.is_error():
@@ -86,27 +82,21 @@ class Grammars:
                 while len(self._cache) > self._capacity:
                     self._cache.popitem(last=False)
         with self._lock:
-            fresh = cached.deep_copy()
-            self.compiles.append((time.perf_counter() - started, hit))
-            del self.compiles[:-1024]
-        return fresh
-
-    def take_compiles(self) -> list[tuple[float, bool]]:
-        with self._lock:
-            out, self.compiles = self.compiles, []
-        return out
+            return cached.deep_copy()
 
 
 def _portable_mask(bitmask: bytes, width: int) -> mx.array:
     bits = np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little")[:width]
-    return mx.array(bits.astype(np.bool_))
+    # mx.array takes a numpy array; its stub's DLPack protocol is stricter than numpy's.
+    return mx.array(bits.astype(np.bool_))  # pyright: ignore[reportArgumentType]
 
 
 def _metal_apply(logits: mx.array, bitmask: bytes) -> mx.array:
     from llguidance.mlx import apply_token_bitmask_kernel
 
     mask = mx.array(np.frombuffer(bitmask, dtype=np.int32)[None, :])
-    return apply_token_bitmask_kernel(logits, mask)
+    # mx.custom_function's stub types the decorated kernel's result as object.
+    return cast(mx.array, apply_token_bitmask_kernel(logits, mask))
 
 
 def apply_mask(logits: mx.array, bitmask: bytes, *, metal: bool) -> mx.array:

@@ -1,8 +1,12 @@
-"""Turning a request's prompt into tokens, with the model that will run it.
+"""Turning a request's prompt into tokens and checking it, with the model that will run it.
 
-Tokenizing happens on the engine thread at intake, so a request is always
-tokenized by the model that serves it (a swap re-tokenizes what is queued)
-and the Hugging Face tokenizer is never shared between threads.
+:func:`prepare` runs on the engine's intake thread
+(:mod:`mlxd.engine.chat.intake_thread`), so the engine thread never waits
+for a tokenizer; it is the tokenizer plus pure checks, no MLX. A request is
+still tokenized by the model that serves it: the engine thread hands it over
+with the model of the moment and prepares it again, on the engine thread,
+when that model was swapped out meanwhile; a swap prepares what is queued
+again (docs/design.md, "Where tokenizing happens").
 """
 
 from __future__ import annotations
@@ -162,7 +166,7 @@ def prepare(
         check_request(request, loaded.info)
         prompt = tokenize(loaded, request)
     except IntakeError as exc:
-        return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]
+        return Failed(exc.code, str(exc), 400, param=exc.param)
     ctx = loaded.info.context_length
     if len(prompt) >= ctx:
         return Failed(

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.config import Settings
-from mlxd.engine.chat.intake import IntakeError, Prepared, prepare, tokenize
+from mlxd.engine.chat.commands import Submit
+from mlxd.engine.chat.intake import Prepared, prepare, tokenize
 from mlxd.engine.chat.loading import LoadedModel
+from mlxd.engine.checks import IntakeError
 from mlxd.engine.messages import Failed, GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -30,14 +32,14 @@ logger = logging.getLogger(__name__)
 class Intaken:
     """A submitted request back from the intake thread, tokenized by ``loaded``."""
 
-    submit: Any  # the engine's submit message (request + channel)
+    submit: Submit
     prepared: Prepared | Failed
     loaded: LoadedModel
 
 
 @dataclass(frozen=True)
 class _Prepare:
-    submit: Any
+    submit: Submit
     loaded: LoadedModel
     settings: Settings
     budget: int
@@ -47,14 +49,14 @@ class _Prepare:
 class _Count:
     request: GenerationRequest
     loaded: LoadedModel
-    future: concurrent.futures.Future
+    future: concurrent.futures.Future[Any]
 
 
 class IntakeThread:
     """One thread, fed by the engine thread; results go to ``deliver`` (the inbox)."""
 
     def __init__(self, name: str, deliver: Callable[[Intaken], None]):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Prepare | _Count | None] = queue.SimpleQueue()
         self._deliver = deliver
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -64,12 +66,15 @@ class IntakeThread:
     def stop(self) -> None:
         self._jobs.put(None)
 
-    def prepare(self, submit: Any, loaded: LoadedModel, settings: Settings, budget: int) -> None:
+    def prepare(self, submit: Submit, loaded: LoadedModel, settings: Settings, budget: int) -> None:
         """Tokenize and check ``submit.request``; an :class:`Intaken` comes back."""
         self._jobs.put(_Prepare(submit, loaded, settings, budget))
 
     def count(
-        self, request: GenerationRequest, loaded: LoadedModel, future: concurrent.futures.Future
+        self,
+        request: GenerationRequest,
+        loaded: LoadedModel,
+        future: concurrent.futures.Future[Any],
     ) -> None:
         """Resolve ``future`` to the prompt tokens of ``request``, or a Failed."""
         self._jobs.put(_Count(request, loaded, future))
@@ -95,7 +100,7 @@ def _count(job: _Count) -> int | Failed:
     try:
         return len(tokenize(job.loaded, job.request))
     except IntakeError as exc:
-        return Failed(exc.code, str(exc), 400, param=exc.param)  # type: ignore[arg-type]
+        return Failed(exc.code, str(exc), 400, param=exc.param)
     except Exception as exc:  # a bug: answer this count alone
         logger.exception("counting the tokens of %s failed", job.request.id)
         return Failed("generation_error", f"could not count the tokens: {exc}", 500)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 from mlx.utils import tree_reduce
@@ -22,6 +22,9 @@ from mlxd.config import ModelSettings
 from mlxd.engine.messages import ModelInfo
 from mlxd.engine.policy.admission import CacheLayout, LayerLayout
 from mlxd.engine.policy.lanes import Capabilities
+
+if TYPE_CHECKING:
+    from mlxd.engine.chat.grammar import Grammars
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ class LoadedModel:
     # another model's cache.
     key: str
     # llguidance's tokenizer and compiled-grammar cache (mlxd.engine.chat.grammar).
-    grammars: Any = None
+    grammars: Grammars | None = None
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
@@ -115,7 +118,7 @@ def tool_format(tokenizer: Any) -> str | None:
     return module.rsplit(".", 1)[-1] or "unknown"
 
 
-def _grammars(tokenizer: Any, width: int) -> Any:
+def _grammars(tokenizer: Any, width: int) -> Grammars | None:
     """llguidance's tokenizer, built once per model (up to ~1 s on big vocabularies)."""
     from mlxd.engine.chat.grammar import Grammars, make_ll_tokenizer
 
@@ -200,8 +203,10 @@ def load_model(
         if loader is not None:
             model, tokenizer, config = loader(str(path), overrides)
         else:
-            model, tokenizer, config = mlx_load(
-                str(path), tokenizer_config=overrides, return_config=True
+            # With return_config, mlx_lm.load returns three values (its annotation allows two).
+            model, tokenizer, config = cast(
+                "tuple[Any, Any, dict[str, Any]]",
+                mlx_load(str(path), tokenizer_config=overrides, return_config=True),
             )
     except Exception as exc:
         name = "sharded_load" if loader is not None else "mlx_lm.load"
@@ -209,8 +214,10 @@ def load_model(
 
     declared = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
     context = settings.max_context or int(declared)
-    weights = tree_reduce(
-        lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0
+    # mlx.utils is unannotated: a sum of ints from 0 is an int.
+    weights = cast(
+        int,
+        tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0),
     )
     layout, logits_width = measure_layout(model)
     capabilities = _capabilities(model)

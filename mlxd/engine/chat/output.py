@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,11 @@ def _transitions(
     return edges
 
 
+def _no_tool_parser(text: str, tools: Any) -> Any:
+    # Unreachable: without parse_tools there is no "tool" phase to close.
+    raise ValueError("this row parses no tool calls")
+
+
 class OutputSplitter:
     """One row's splitter. Feed it the row's text (stop strings already applied)."""
 
@@ -74,7 +80,9 @@ class OutputSplitter:
         edges = _transitions(tokenizer, tools=parse_tools, reasoning=reasoning)
         self._machine = TextStateMachine(edges) if edges else None
         self._state = self._machine.make_state(initial) if self._machine else None
-        self._parser = tokenizer.tool_parser if parse_tools else None
+        self._parser: Callable[[str, Any], Any] = (
+            tokenizer.tool_parser if parse_tools else _no_tool_parser
+        )
         self._markers = (tokenizer.tool_call_start or "", tokenizer.tool_call_end or "")
         self._tools = [dict(t) for t in tools] or None
         self._tool_text: list[str] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import mlx.core as mx
 
@@ -31,6 +31,7 @@ from mlxd.engine.messages import (
 from mlxd.engine.policy.admission import RowExtent
 
 Phase = Literal["pending", "queued", "prefill", "decode"]
+_NO_EXTENT = RowExtent(0)
 
 
 @dataclass(eq=False)
@@ -48,7 +49,8 @@ class Row:
     received_wall: float
     phase: Phase = "pending"
     uid: int | None = None
-    extent: RowExtent | None = None
+    # What admission projects for the row (a follower's mirrored row has none to project).
+    extent: RowExtent = _NO_EXTENT
     projected_bytes: int = 0
     cached_tokens: int = 0
     prefill_done: int = 0
@@ -153,9 +155,11 @@ class Row:
             ids = mx.argpartition(-logprobs, kth=n - 1)[:n]
             values = logprobs[ids]
             order = mx.argsort(-values)
-            pairs = zip(ids[order].tolist(), values[order].tolist(), strict=True)
-            top = tuple(self._top(i, lp) for i, lp in pairs)
-        chosen = self._top(token, logprobs[token].item())
+            # 1-d arrays: tolist() gives lists, item() a float (the stubs say any scalar).
+            top_ids = cast("list[int]", ids[order].tolist())
+            top_values = cast("list[float]", values[order].tolist())
+            top = tuple(self._top(i, lp) for i, lp in zip(top_ids, top_values, strict=True))
+        chosen = self._top(token, cast(float, logprobs[token].item()))
         return TokenLogprob(chosen.token, token, chosen.logprob, chosen.bytes, top)
 
     def _top(self, token: int, logprob: float) -> TopLogprob:

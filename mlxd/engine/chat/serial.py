@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
@@ -28,6 +28,8 @@ from mlxd.engine.chat.sampling import (
 )
 
 logger = logging.getLogger(__name__)
+
+Ended = Literal["stop", "length", "cancelled", "failed"]
 
 
 class _Abort(Exception):
@@ -46,7 +48,7 @@ class SerialStep:
     seconds: float
     prefill: bool
     token: bool = False
-    ended: str | None = None
+    ended: Ended | None = None
     stopped_by_string: bool = False
     error: str | None = None
     engine_error: bool = False
@@ -118,7 +120,8 @@ class SerialRun:
             )
         if out is None:
             return self._end(started, prefill, "length")
-        token, logprobs = out
+        # mlx-lm yields the token as an int (its annotation says array).
+        token, logprobs = int(out[0]), out[1]
         is_eos = token in eos_ids
         stopped = False
         try:
@@ -143,7 +146,7 @@ class SerialRun:
         out = next(self._steps, None)
         return None if out is None else int(out[0])
 
-    def _end(self, started: float, prefill: bool, ended: str, **kw: Any) -> SerialStep:
+    def _end(self, started: float, prefill: bool, ended: Ended, **kw: Any) -> SerialStep:
         self.close()
         return SerialStep(time.perf_counter() - started, prefill, ended=ended, **kw)
 

@@ -16,13 +16,17 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from mlxd.config import ClusterSettings
 
 logger = logging.getLogger(__name__)
+
+# What mlx-lm's loaders return with return_config=True: model, tokenizer, config.
+ModelAndConfig: TypeAlias = tuple[Any, Any, dict[str, Any]]
 
 
 class ClusterError(Exception):
@@ -221,18 +225,23 @@ def join(member: Membership, timeout: float) -> Any:
     return group
 
 
-def make_loader(group: Any, sharding: str):
+def make_loader(group: Any, sharding: str) -> Callable[[str, dict[str, Any]], ModelAndConfig]:
     """A loader for :func:`mlxd.engine.chat.loading.load_model` that loads this rank's shard."""
     from mlx_lm.utils import sharded_load
 
-    def load(path: str, tokenizer_config: dict[str, Any]) -> tuple[Any, Any, dict]:
+    pipeline = sharding == "pipeline"
+
+    def load(path: str, tokenizer_config: dict[str, Any]) -> ModelAndConfig:
         # sharded_load's default tokenizer config trusts remote code; mlxd's never does.
-        groups = {"pipeline_group" if sharding == "pipeline" else "tensor_group": group}
-        return sharded_load(
+        loaded = sharded_load(
             path,
+            pipeline_group=group if pipeline else None,
+            tensor_group=None if pipeline else group,
             return_config=True,
             tokenizer_config={"trust_remote_code": False, **tokenizer_config},
-            **groups,
         )
+        if len(loaded) != 3:  # pragma: no cover - return_config=True always adds the config
+            raise ClusterError(f"sharded_load({path!r}) returned no model config")
+        return loaded
 
     return load

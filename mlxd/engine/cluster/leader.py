@@ -1,13 +1,14 @@
-"""Rank 0 of a cluster: record what the engine does to MLX, broadcast it as plans.
+"""Rank 0 of a cluster: the op log, the plans and digests, and the view of the group.
 
 The engine core runs unchanged on rank 0; its batch lane, serial lane and
-prompt cache are replaced by the mirrored versions below, which record each
-MLX-side operation (:mod:`mlxd.engine.cluster.plan`) and, right before the model
-runs (a batch step or a serial token), broadcast the plan so the other ranks
-apply the same operations and run the same step. A collective that fails, a
-digest that disagrees, or a step longer than ``step_timeout`` (the watchdog)
-ends the cluster: :class:`~mlxd.engine.cluster.plan.PeerLost` on the engine
-thread, ``on_fatal`` from the watchdog.
+prompt cache are replaced by the mirrored versions (:mod:`.mirrored`),
+which record each MLX-side operation (:mod:`.plan`) into the
+:class:`Leader`'s log and, right before the model runs (a batch step or a
+serial token), have it broadcast the plan so the other ranks apply the
+same operations and run the same step. A collective that fails, a digest
+that disagrees, or a step longer than ``step_timeout`` (the
+:class:`~.watchdog.Watchdog`) ends the cluster: :class:`~.plan.PeerLost`
+on the engine thread, ``on_fatal`` from the watchdog.
 """
 
 from __future__ import annotations
@@ -18,71 +19,42 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
 from mlxd.config import BatchSettings, ClusterSettings, PromptCacheSettings
-from mlxd.engine.chat.batch import BatchLane, TokenOut
+from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.prompt_cache import PromptCache
-from mlxd.engine.chat.row import Row
-from mlxd.engine.chat.serial import SerialRun, SerialStep
+from mlxd.engine.chat.serial import SerialRun
 from mlxd.engine.cluster.join import Membership
+from mlxd.engine.cluster.mirrored import (
+    MirroredBatchLane,
+    MirroredPromptCache,
+    MirroredSerialRun,
+)
 from mlxd.engine.cluster.plan import (
     Collectives,
     Configure,
-    EndSerial,
-    Fetch,
-    Insert,
+    Digest,
     Load,
     Op,
     PeerLost,
     Plan,
-    Remove,
-    ResetBatch,
-    RowSpec,
     Run,
     Seed,
     Shutdown,
-    StartSerial,
-    Store,
     TokenChecksum,
-    Trim,
     compare_digests,
     encode_plan,
-    is_collective_error,
     local_digest,
-    tokens_crc,
 )
+from mlxd.engine.cluster.view import ClusterEvent, ClusterState, ClusterView, RankView
+from mlxd.engine.cluster.watchdog import EXIT_LOST, HEARTBEAT_S, Watchdog
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_S = 0.1
+# The ranks compare digests every this many plans.
 DIGEST_EVERY = 8
-
-
-def row_spec(row: Row) -> RowSpec:
-    r = row.request
-    s, p = r.sampling, r.penalties
-    return RowSpec(
-        id=r.id,
-        lane=row.lane,
-        prompt=list(row.prompt),
-        max_tokens=row.max_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        min_p=s.min_p,
-        seed=s.seed,
-        repetition_penalty=p.repetition_penalty,
-        presence_penalty=p.presence_penalty,
-        frequency_penalty=p.frequency_penalty,
-        logit_bias=[(int(k), float(v)) for k, v in p.logit_bias],
-        logprobs=r.logprobs,
-        top_logprobs=r.top_logprobs,
-        fault=r.fault,
-        constraint=(c.kind, c.grammar, c.key, c.tool_format) if (c := r.constraint) else None,
-        reasoning=row.matcher is not None and not getattr(row.matcher, "active", True),
-    )
 
 
 class Leader:
@@ -96,20 +68,26 @@ class Leader:
         self.ops: list[Op] = []
         self.seq = 0
         self.checksum = TokenChecksum()
-        self.state = "forming"
+        self.state: ClusterState = "forming"
         self.error: str | None = None
         self.hosts: list[str] = []
-        self.rank_memory: list[tuple[int, int]] = []
+        # Every rank's digest from the last exchange, by rank (memory for the view).
+        self.digests: list[Digest] = []
         self.last_contact = time.time()
         self.last_sync_mono = 0.0
-        self.busy_since: float | None = None
         self.digest_pending = False
         self.comm_seconds = 0.0
         # The part of comm_seconds spent on plans that ran a step.
         self.step_comm_seconds = 0.0
         self.comm_plans = 0
         self.plan_bytes = 0
-        self.events: deque[dict[str, Any]] = deque(maxlen=16)
+        self.events: deque[ClusterEvent] = deque(maxlen=16)
+        self.watchdog = Watchdog(
+            settings.step_timeout,
+            self.fatal,
+            waiting="a step has waited on the other ranks",
+            culprit="a peer",
+        )
         # Set by whoever runs the process (the server): ends it, non-zero.
         self.on_fatal: Callable[[str, int], None] = lambda message, code: None
         self._fatal_lock = threading.Lock()
@@ -123,7 +101,6 @@ class Leader:
 
         self.collectives = Collectives(group)
         self.hosts = self.collectives.gather_text(socket.gethostname())
-        self.rank_memory = [(0, 0)] * self.collectives.size
         seed = secrets.randbits(31)
         mx.random.seed(seed)
         self.record(Seed(seed))
@@ -131,6 +108,10 @@ class Leader:
         self.state = "ready"
         self.last_contact = time.time()
         self.event("joined", f"{self.collectives.size} ranks: {', '.join(self.hosts)}")
+
+    def watch(self) -> None:
+        """Start the watchdog: a step longer than ``step_timeout`` ends the cluster."""
+        self.watchdog.start()
 
     def configure(self, batch: BatchSettings, cache: PromptCacheSettings) -> None:
         self.record(Configure(batch.model_dump(), cache.model_dump(mode="json")))
@@ -165,7 +146,7 @@ class Leader:
         # while rank 0 would compare digests before loading.
         digest = self.seq % DIGEST_EVERY == 0 and not any(isinstance(op, Load) for op in ops)
         data = encode_plan(Plan(self.seq, ops, run, digest))
-        self.busy_since = time.monotonic()
+        self.watchdog.arm()
         started = time.perf_counter()
         try:
             col.broadcast(data)
@@ -190,8 +171,8 @@ class Leader:
             self.checksum.step()
         if self.digest_pending:
             self.digest_pending = False
-            self._exchange_digest()
-        self.busy_since = None
+            self._exchange_digests()
+        self.watchdog.disarm()
 
     def heartbeat(self) -> None:
         """When idle: an empty plan at most every HEARTBEAT_S (and pending ops at once)."""
@@ -200,18 +181,18 @@ class Leader:
         if self.ops or time.monotonic() - self.last_sync_mono >= HEARTBEAT_S:
             self.sync("")
 
-    def _exchange_digest(self) -> None:
+    def _exchange_digests(self) -> None:
         col = self.collectives
         assert col is not None
         started = time.perf_counter()
         try:
-            rows = col.gather(local_digest(self.seq, self.checksum).values())
+            digests = col.gather_digests(local_digest(self.seq, self.checksum))
         except Exception as exc:
             raise self.lost(f"exchanging digests failed: {exc}") from exc
         self.comm_seconds += time.perf_counter() - started
-        self.rank_memory = [(r[3], r[4]) for r in rows]
+        self.digests = digests
         self.last_contact = time.time()
-        why = compare_digests(rows)
+        why = compare_digests(digests)
         if why is not None:
             raise self.lost(why)
 
@@ -222,11 +203,12 @@ class Leader:
         if self.state != "peer_lost":
             self.state = "peer_lost"
             self.error = message
+            self.watchdog.stop()
             self.event("peer_lost", message)
             logger.error("cluster: %s", message)
         return PeerLost(message)
 
-    def fatal(self, message: str, code: int = 3) -> None:
+    def fatal(self, message: str, code: int = EXIT_LOST) -> None:
         """End the process through ``on_fatal`` (exit ``code``), once, from any thread."""
         with self._fatal_lock:
             if self._fatal_sent:
@@ -235,69 +217,53 @@ class Leader:
         self.lost(message)
         self.on_fatal(self.error or message, code)
 
-    def watch(self) -> None:
-        """Start the watchdog thread: a step longer than ``step_timeout`` ends the cluster."""
-        timeout = self.settings.step_timeout
-
-        def loop() -> None:
-            while self.state != "peer_lost":
-                since = self.busy_since
-                if since is not None and time.monotonic() - since > timeout:
-                    self.fatal(
-                        f"a step has waited on the other ranks for more than step_timeout "
-                        f"({timeout:g}s): a peer is unreachable or stuck"
-                    )
-                    return
-                time.sleep(min(1.0, timeout / 10))
-
-        threading.Thread(target=loop, name="mlxd-cluster-watchdog", daemon=True).start()
-
     def event(self, kind: str, message: str) -> None:
-        self.events.appendleft({"at": time.time(), "kind": kind, "message": message})
+        self.events.appendleft(ClusterEvent(at=time.time(), kind=kind, message=message))
 
     # ------------------------------------------------------------ view
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> ClusterView:
         """The ``cluster`` section of /stats."""
         now = time.time()
         size = self.collectives.size if self.collectives else self.member.world
-        ranks = []
-        for r in range(size or 0):
-            active, peak = self.rank_memory[r] if r < len(self.rank_memory) else (0, 0)
-            ranks.append(
-                {
-                    "rank": r,
-                    "host": self.hosts[r] if r < len(self.hosts) else None,
-                    "address": self.member.addresses[r] if r < len(self.member.addresses) else None,
-                    "active_memory_bytes": active,
-                    "peak_memory_bytes": peak,
-                    "last_heartbeat_age_s": round(now - self.last_contact, 3)
-                    if self.collectives
-                    else None,
-                }
-            )
+        age = round(now - self.last_contact, 3) if self.collectives else None
+        ranks = tuple(self._rank_view(r, age) for r in range(size or 0))
         steps = max(self.checksum.steps, 1)
-        return {
-            "backend": self.member.backend,
-            "world_size": size,
-            "rank": 0,
-            "sharding": self.sharding,
-            "state": self.state,
-            "error": self.error,
-            "ranks": ranks,
-            "plans": self.seq,
-            "steps": self.checksum.steps,
-            "plan_bytes": self.plan_bytes,
-            "comm_seconds": round(self.comm_seconds, 4),
-            "comm_ms_per_step": round(1000 * self.step_comm_seconds / steps, 3),
-            "join_timeout": self.settings.join_timeout,
-            "step_timeout": self.settings.step_timeout,
-            "events": list(self.events),
-        }
+        return ClusterView(
+            backend=self.member.backend,
+            world_size=size,
+            rank=0,
+            sharding=self.sharding,
+            state=self.state,
+            error=self.error,
+            ranks=ranks,
+            plans=self.seq,
+            steps=self.checksum.steps,
+            plan_bytes=self.plan_bytes,
+            comm_seconds=round(self.comm_seconds, 4),
+            comm_ms_per_step=round(1000 * self.step_comm_seconds / steps, 3),
+            join_timeout=self.settings.join_timeout,
+            step_timeout=self.settings.step_timeout,
+            events=tuple(self.events),
+        )
+
+    def _rank_view(self, rank: int, age: float | None) -> RankView:
+        digest = self.digests[rank] if rank < len(self.digests) else None
+        addresses = self.member.addresses
+        return RankView(
+            rank=rank,
+            host=self.hosts[rank] if rank < len(self.hosts) else None,
+            address=addresses[rank] if rank < len(addresses) else None,
+            active_memory_bytes=digest.active_bytes if digest else 0,
+            peak_memory_bytes=digest.peak_bytes if digest else 0,
+            last_heartbeat_age_s=age,
+        )
 
     # ------------------------------------------------------------ mirrored parts
 
-    def batch_lane(self, loaded: Any, settings: BatchSettings, *, faults: bool = False):
+    def batch_lane(
+        self, loaded: LoadedModel, settings: BatchSettings, *, faults: bool = False
+    ) -> MirroredBatchLane:
         return MirroredBatchLane(loaded, settings, faults=faults, leader=self)
 
     def serial_run(self, *args: Any, **kw: Any) -> SerialRun:
@@ -307,122 +273,3 @@ class Leader:
         self, settings: PromptCacheSettings, batch: Callable[[], BatchSettings]
     ) -> PromptCache:
         return MirroredPromptCache(settings, leader=self, batch=batch)
-
-
-class MirroredBatchLane(BatchLane):
-    """The batch lane on rank 0: every change is recorded, every step is planned."""
-
-    def __init__(self, loaded: Any, settings: BatchSettings, *, faults: bool, leader: Leader):
-        super().__init__(loaded, settings, faults=faults)
-        self._leader = leader
-
-    def insert(self, row: Row, cache: list[Any] | None, rest: list[int]) -> None:
-        super().insert(row, cache, rest)
-        self._leader.record(Insert(int(row.uid or 0), row_spec(row)))
-
-    def remove(self, rows: list[Row], *, return_caches: bool = False) -> dict[int, Any]:
-        uids = [int(r.uid) for r in rows if r.uid in self.rows]
-        if uids:
-            self._leader.record(Remove(uids, return_caches))
-        return super().remove(rows, return_caches=return_caches)
-
-    def reset(self, settings: BatchSettings) -> list[Row]:
-        self._leader.record(ResetBatch())
-        return super().reset(settings)
-
-    def step(self) -> list[TokenOut]:
-        leader = self._leader
-        leader.sync("batch")
-        try:
-            outs = super().step()
-        except Exception as exc:
-            if is_collective_error(exc):
-                raise leader.lost(f"the batched step lost a peer: {exc}") from exc
-            leader.after_step([])
-            raise
-        leader.after_step([o.token for o in outs])
-        return outs
-
-
-class MirroredSerialRun(SerialRun):
-    """The serial lane on rank 0: started, stepped and ended in step with every rank."""
-
-    def __init__(self, *args: Any, leader: Leader, **kw: Any):
-        self._leader = leader
-        self._ended = False
-        row = args[1]
-        leader.record(StartSerial(row_spec(row)))
-        super().__init__(*args, **kw)
-
-    def _progress(self, done: int, total: int) -> None:
-        # A cancel cannot stop a prefill midway: every rank must run the same chunks.
-        self.row.prefill_done = done
-        if done < total:
-            self._pump()
-
-    def step(self, eos_ids: Collection[int]) -> SerialStep:
-        leader = self._leader
-        runs = not self.row.cancelled
-        before = self.row.generated
-        if runs:
-            leader.sync("serial")
-        out = super().step(eos_ids)
-        if runs:
-            if out.engine_error and out.error and is_collective_error(out.error):
-                raise leader.lost(f"the serial step lost a peer: {out.error}")
-            new = self.row.generated_ids[before:] if self.row.generated > before else []
-            leader.after_step(list(new))
-        return out
-
-    def close(self) -> None:
-        if not self._ended:
-            self._ended = True
-            self._leader.record(EndSerial())
-        super().close()
-
-
-class MirroredPromptCache(PromptCache):
-    """The prompt cache on rank 0: lookups, stores and evictions are recorded."""
-
-    def __init__(
-        self,
-        settings: PromptCacheSettings,
-        *,
-        leader: Leader,
-        batch: Callable[[], BatchSettings],
-    ):
-        super().__init__(settings)
-        self._leader = leader
-        self._batch = batch
-
-    def configure(self, settings: PromptCacheSettings, live_bytes: int) -> None:
-        self._leader.configure(self._batch(), settings)
-        super().configure(settings, live_bytes)
-        self._trimmed()
-
-    def fetch(self, model_key: str, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
-        cache, rest = super().fetch(model_key, prompt)
-        self._leader.record(Fetch(list(prompt), len(prompt) - len(rest)))
-        return cache, rest
-
-    def store(
-        self, model_key: str, tokens: list[int] | None, cache: list[Any] | None, live_bytes: int
-    ) -> None:
-        if cache is None or not tokens or not self.enabled:
-            return
-        self._leader.record(Store(len(tokens), tokens_crc(list(tokens))))
-        super().store(model_key, tokens, cache, live_bytes)
-        self._trimmed()
-
-    def trim(self, live_bytes: int) -> None:
-        before = len(self._lru)
-        super().trim(live_bytes)
-        if len(self._lru) != before:
-            self._trimmed()
-
-    def clear(self) -> None:
-        super().clear()
-        self._leader.record(Trim(0))
-
-    def _trimmed(self) -> None:
-        self._leader.record(Trim(len(self._lru)))

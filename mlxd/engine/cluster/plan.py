@@ -19,9 +19,12 @@ stop on a mismatch. Nothing here is a transport of its own.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
+
+from mlxd.engine.messages import Lane
 
 # ---------------------------------------------------------------- errors
 
@@ -47,11 +50,20 @@ def is_collective_error(exc: BaseException | str) -> bool:
 # ---------------------------------------------------------------- plan
 
 
+class GrammarSpec(msgspec.Struct, frozen=True, array_like=True):
+    """A row's grammar (:class:`mlxd.engine.messages.Constraint`) on the wire."""
+
+    kind: Literal["json", "tools"]
+    grammar: str
+    key: str
+    tool_format: str | None
+
+
 class RowSpec(msgspec.Struct, frozen=True, array_like=True):
     """What every rank needs to run a row: tokens and sampling, no text."""
 
     id: str
-    lane: str
+    lane: Lane
     prompt: list[int]
     max_tokens: int
     temperature: float
@@ -66,9 +78,8 @@ class RowSpec(msgspec.Struct, frozen=True, array_like=True):
     logprobs: bool
     top_logprobs: int
     fault: str | None
-    # A grammar (messages.Constraint: kind, grammar, key, tool_format) and
-    # whether the row starts inside the model's think markers.
-    constraint: tuple[str, str, str, str | None] | None = None
+    # The row's grammar, and whether the row starts inside the model's think markers.
+    constraint: GrammarSpec | None = None
     reasoning: bool = False
 
 
@@ -220,7 +231,8 @@ class Collectives:
         total = mx.distributed.all_sum(
             mx.array([n], dtype=mx.int32), group=self.group, stream=self.stream
         )
-        size = int(total.item())
+        size = total.item()
+        assert isinstance(size, int)  # an int32 sum
         if size == 0:
             return b""
         if self.rank == 0 and data is not None:
@@ -233,12 +245,16 @@ class Collectives:
     def gather(self, values: list[int]) -> list[list[int]]:
         """Every rank's ``values`` (same length everywhere), by rank."""
         import mlx.core as mx
+        import numpy as np
 
         mine = mx.array(values, dtype=mx.int64)
         out = mx.distributed.all_gather(mine, group=self.group, stream=self.stream)
-        flat = out.tolist()
-        k = len(values)
-        return [flat[i * k : (i + 1) * k] for i in range(self.size)]
+        rows = np.asarray(out).reshape(self.size, len(values))
+        return [[int(v) for v in row] for row in rows]
+
+    def gather_digests(self, mine: Digest) -> list[Digest]:
+        """Every rank's digest, by rank."""
+        return [Digest.from_values(row) for row in self.gather(mine.values())]
 
     def gather_text(self, text: str, width: int = 64) -> list[str]:
         """Every rank's short ``text`` (host names), by rank."""
@@ -248,7 +264,7 @@ class Collectives:
 
 
 class Digest(msgspec.Struct, frozen=True):
-    """What each rank reports every few plans; steps and checksum must agree."""
+    """What each rank reports every few plans; plan, steps and checksum must agree."""
 
     seq: int
     steps: int
@@ -256,8 +272,20 @@ class Digest(msgspec.Struct, frozen=True):
     active_bytes: int
     peak_bytes: int
 
+    @property
+    def lockstep(self) -> tuple[int, int, int]:
+        """What every rank in step has alike (memory may differ between shards)."""
+        return (self.seq, self.steps, self.checksum)
+
     def values(self) -> list[int]:
+        """The digest as it is gathered: integers in field order."""
         return [self.seq, self.steps, self.checksum, self.active_bytes, self.peak_bytes]
+
+    @classmethod
+    def from_values(cls, values: Sequence[int]) -> Digest:
+        """The digest from :meth:`values` (as gathered from another rank)."""
+        seq, steps, checksum, active_bytes, peak_bytes = values
+        return cls(seq, steps, checksum, active_bytes, peak_bytes)
 
 
 class TokenChecksum:
@@ -287,13 +315,14 @@ def local_digest(seq: int, checksum: TokenChecksum) -> Digest:
     )
 
 
-def compare_digests(rows: list[list[int]]) -> str | None:
-    """Why the ranks' digests disagree, or None when they agree."""
-    first = rows[0]
-    for rank, row in enumerate(rows[1:], start=1):
-        if row[:3] != first[:3]:
+def compare_digests(digests: Sequence[Digest]) -> str | None:
+    """Why the ranks' digests (by rank) disagree, or None when they agree."""
+    first = digests[0]
+    for rank, digest in enumerate(digests[1:], start=1):
+        if digest.lockstep != first.lockstep:
             return (
-                f"rank {rank} diverged from rank 0: plan/steps/checksum {row[:3]} "
-                f"!= {first[:3]}; the cluster stops rather than serve wrong tokens"
+                f"rank {rank} diverged from rank 0: plan/steps/checksum "
+                f"{list(digest.lockstep)} != {list(first.lockstep)}; "
+                "the cluster stops rather than serve wrong tokens"
             )
     return None

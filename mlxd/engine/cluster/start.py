@@ -7,11 +7,18 @@ waits on another.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mlxd.config import ModelSettings, Settings
 from mlxd.engine.chat.loading import ModelLoadError, resolve_model_path
-from mlxd.engine.cluster.join import ClusterError, check_shardable, join, make_loader
+from mlxd.engine.cluster.join import (
+    ClusterError,
+    ModelAndConfig,
+    check_shardable,
+    join,
+    make_loader,
+)
 from mlxd.engine.cluster.leader import Leader
 
 
@@ -38,6 +45,7 @@ def start_leader(leader: Leader, settings: Settings, *, optimized_blas: bool) ->
     leader.watch()
 
 
-def shard_loader(leader: Leader) -> Any:
+def shard_loader(leader: Leader) -> Callable[[str, dict[str, Any]], ModelAndConfig]:
+    """The loader of rank 0's shard (:func:`~.join.make_loader`), once joined."""
     assert leader.collectives is not None
     return make_loader(leader.collectives.group, leader.sharding)
