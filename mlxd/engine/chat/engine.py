@@ -50,7 +50,6 @@ from mlxd.engine.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.grammar import Grammars
-    from mlxd.engine.cluster.leader import Leader
 
 T = TypeVar("T")
 
@@ -97,20 +96,16 @@ class Engine:
         fault_injection: bool = False,
         config_source: str | None = None,
         runtime: dict[str, Any] | None = None,
-        cluster: ClusterHooks | Leader | None = None,
+        cluster: ClusterHooks | None = None,
         pool: MemoryPool | None = None,
         model_id: str = "",
         load_at_start: bool = True,
     ):
         self.model_id = model_id
-        # Called with (message, exit code) when a cluster passed as a bare
-        # Leader is lost. Compatibility for server.py until it passes
-        # LeaderHooks(leader, on_fatal=...) as ``cluster`` (issue 18).
-        self.on_fatal: Callable[[str, int], None] = lambda message, code: None
         self._thread = EngineThread(
             settings,
             name=model_id,
-            hooks=self._make_hooks(cluster),
+            hooks=cluster or OneMachine(),
             pool=pool,
             pool_id=model_id,
             optimized_blas=optimized_blas,
@@ -119,17 +114,6 @@ class Engine:
             runtime=runtime,
             load_at_start=load_at_start,
         )
-
-    def _make_hooks(self, cluster: ClusterHooks | Leader | None) -> ClusterHooks:
-        if cluster is None:
-            return OneMachine()
-        from mlxd.engine.cluster.leader import Leader
-
-        if isinstance(cluster, Leader):  # the compatibility path above
-            from mlxd.engine.cluster.hooks import LeaderHooks
-
-            return LeaderHooks(cluster, on_fatal=lambda message, code: self.on_fatal(message, code))
-        return cluster
 
     # ------------------------------------------------------------ life
 
