@@ -184,10 +184,6 @@ class EmbeddingEngine:
         return self._queue.busy
 
     @property
-    def state(self) -> EmbeddingState:
-        return self._queue.state
-
-    @property
     def info(self) -> EmbeddingInfo | None:
         """The loaded model's facts, or None while no model is loaded."""
         return self._info
@@ -326,7 +322,10 @@ class EmbeddingEngine:
         gc.collect()  # a model this one replaced
         release_cache()
         waited = self._queue.settle(
-            "ready", weights_bytes=loaded.info.weights_bytes, batch_limit=settings.batch.size
+            "ready",
+            weights_bytes=loaded.info.weights_bytes,
+            batch_limit=settings.batch.size,
+            loaded=True,
         )
         self._release(waited)
         if future is not None:

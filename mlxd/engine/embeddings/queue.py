@@ -209,14 +209,18 @@ class WorkQueue:
         load_error: str | None = None,
         weights_bytes: int | None = None,
         batch_limit: int | None = None,
+        loaded: bool = False,
     ) -> list[Job]:
         """A load or an unload ended (or the thread did): publish the model's state.
 
-        Returns the requests that waited for it, unless another load or unload
-        is queued: in intake already when the model is ready (the caller
-        prepares them), to be refused otherwise (see :meth:`refusal`).
+        ``loaded``: a new model serves, so the counts start again (they are
+        "since load"). Returns the requests that waited, unless another load
+        or unload is queued: in intake already when the model is ready (the
+        caller prepares them), to be refused otherwise (see :meth:`refusal`).
         """
         with self._cond:
+            if loaded:
+                self._counts = _Counters()
             self._state = state
             self._carrying = False
             self._load_error = load_error
