@@ -26,7 +26,7 @@ _DEMO_ESTIMATE = 540 * 1024**2
 # A lease's engine: the chat Engine or the EmbeddingEngine, as the route asked.
 E = TypeVar("E", bound="AnyEngine", covariant=True)
 # Its info record, read through the lease.
-I = TypeVar("I", bound="EngineInfo")  # noqa: E741 (the engine's Info)
+InfoT = TypeVar("InfoT", bound="EngineInfo")
 
 
 def budget_bytes(settings: Settings, device_bytes: int) -> int:
@@ -113,7 +113,7 @@ class Lease(Generic[E]):
         return self._engine
 
     @property
-    def info(self: Lease[ModelEngine[I]]) -> I | None:
+    def info(self: Lease[ModelEngine[InfoT]]) -> InfoT | None:
         """The model's ModelInfo (chat) or EmbeddingInfo (embedding)."""
         return self._engine.info
 
