@@ -296,7 +296,8 @@ def test_the_thread_loads_unloads_and_applies_by_command(tiny_embedding_model, t
         # A request that comes while a load is under way waits for it.
         loading = engine.load(settings)
         waited = engine.submit(TEXTS[:3])
-        assert loading.result(120).dimensions == EMBED_CONFIG["hidden_size"]
+        info = loading.result(120)
+        assert info.dimensions == EMBED_CONFIG["hidden_size"] and engine.info == info
         assert waited.result(60).vectors.shape[0] == 3
         assert engine.snapshot().requests_served == 1  # counted since the load
         # A failed load keeps the loaded model serving.
