@@ -32,7 +32,7 @@ from mlxd.api.openai.routes import (
 )
 from mlxd.api.openai.schemas import decode
 from mlxd.api.state import AppState, Mlxd, provide_app_state
-from mlxd.engine import EmbeddingError, EmbeddingResult, check_embedding_inputs
+from mlxd.engine import EmbeddingError, EmbeddingResult, Failed, check_embedding_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -147,5 +147,8 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
     except EmbeddingError as exc:
         note.error = exc.code
         raise _openai(exc) from None
+    if isinstance(result, Failed):
+        note.error = result.code
+        raise OpenAIError.from_failed(result)
     note.prompt_tokens = result.prompt_tokens
     return Response(response_body(result, lease.id, encoding_format), headers=headers)

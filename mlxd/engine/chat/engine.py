@@ -238,11 +238,6 @@ class Engine:
         return self._thread.model.info
 
     @property
-    def model_info(self) -> ModelInfo | None:
-        """The same as :attr:`info` (``fleet/slot.py`` reads this name, until it reads ``info``)."""
-        return self._thread.model.info
-
-    @property
     def grammars(self) -> Grammars | None:
         """The loaded model's grammar compiler (no MLX state; thread-safe)."""
         return self._thread.model.grammars
