@@ -27,8 +27,9 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -59,22 +60,32 @@ def make_settings(path: str, batch: int, chat_path: str):
     return for_model(settings, "emb")
 
 
+def embedded(future: Future[Any]) -> Any:
+    """A request's EmbeddingResult; a Failed value (the engine's refusal) ends the run."""
+    from mlxd.engine.messages import Failed
+
+    result = future.result()
+    if isinstance(result, Failed):
+        raise SystemExit(f"an embedding request failed: {result}")
+    return result
+
+
 def run_engine(path: str, batch: int, inputs: list[str], repeats: int) -> dict:
     from mlxd.engine.embeddings.engine import EmbeddingEngine
 
-    engine = EmbeddingEngine(make_settings(path, batch, path), "emb")
+    engine = EmbeddingEngine(make_settings(path, batch, path), "emb", load_at_start=True)
     engine.start()
     if not engine.wait_loaded(600):
         raise SystemExit(f"the model did not load: {engine.load_error}")
     try:
         for f in [engine.submit([t]) for t in inputs[: max(batch, 4)]]:
-            f.result()
+            embedded(f)
         rates, passes = [], []
         for _ in range(repeats):
             before = engine.snapshot().forward_passes
             started = time.perf_counter()
             futures = [engine.submit([t]) for t in inputs]
-            tokens = sum(f.result().prompt_tokens for f in futures)
+            tokens = sum(embedded(f).prompt_tokens for f in futures)
             elapsed = time.perf_counter() - started
             rates.append(len(inputs) / elapsed)
             passes.append(engine.snapshot().forward_passes - before)

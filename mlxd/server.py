@@ -276,18 +276,21 @@ class EngineFactory:
         self.state: AppState | None = None
 
     def chat(self, settings: Settings, model_id: str, pool: MemoryPool, at_start: bool) -> Engine:
-        engine = Engine(
+        hooks = None
+        if self.leader is not None:
+            from mlxd.engine.cluster.hooks import LeaderHooks
+
+            hooks = LeaderHooks(self.leader, on_fatal=self.cluster_lost)
+        return Engine(
             settings,
             optimized_blas=self.optimized_blas,
             fault_injection=self.faults,
             runtime=self.runtime,
-            cluster=self.leader,
+            cluster=hooks,
             pool=pool,
             model_id=model_id,
             load_at_start=at_start,
         )
-        engine.on_fatal = self.cluster_lost
-        return engine
 
     def embedding(self, settings: Settings, model_id: str) -> EmbeddingEngine:
         from mlxd.engine.embeddings.engine import EmbeddingEngine

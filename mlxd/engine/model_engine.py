@@ -10,13 +10,15 @@ kind to drive its engine.
 
 Commands return :class:`concurrent.futures.Future`; the value that crosses
 back is plain (an info record), and a command that cannot be carried out
-resolves to an exception whose message is what the operator reads.
+resolves to an exception whose message is what the operator reads. A
+request's own outcome crosses as a value (the engine's ``Failed``), never
+as an exception: submitting requests is each kind's own API.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from mlxd.config import Settings
@@ -27,17 +29,37 @@ if TYPE_CHECKING:
     EngineInfo = ModelInfo | EmbeddingInfo
     EngineSnapshot = Snapshot | EmbeddingSnapshot
 
+# The engine's info record (ModelInfo, EmbeddingInfo). Futures are invariant, so
+# without covariance an engine whose load gives a ModelInfo would not be a
+# ModelEngine of either kind; the fleet only awaits these futures, never
+# resolves them, which is what makes the covariance safe.
+InfoT = TypeVar("InfoT", covariant=True)
 
-class ModelEngine(Protocol):
+
+class ModelEngine(Protocol[InfoT]):  # pyright: ignore[reportInvalidTypeVarUse]  # see InfoT
     """What the fleet needs of one model's engine (chat or embedding)."""
 
     model_id: str
 
     def start(self) -> None:
-        """Start the engine's threads; the model loads only when :meth:`load` says so."""
+        """Start the engine's threads.
+
+        An engine made to load at start (a pinned model when the daemon
+        starts, a cluster's model) loads then, and :meth:`wait_loaded` waits
+        for that load; any other load is :meth:`load`'s.
+        """
         ...
 
-    def load(self, settings: Settings) -> concurrent.futures.Future[EngineInfo]:
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Block until the start-up load ended; then :attr:`load_error` says if it failed."""
+        ...
+
+    @property
+    def load_error(self) -> str | None:
+        """Why no model is loaded after the start-up load; None when one is."""
+        ...
+
+    def load(self, settings: Settings) -> concurrent.futures.Future[InfoT]:
         """Load ``settings``' model (draining what runs first); on failure the old one stays."""
         ...
 
@@ -62,7 +84,7 @@ class ModelEngine(Protocol):
         ...
 
     @property
-    def info(self) -> EngineInfo | None:
+    def info(self) -> InfoT | None:
         """The loaded model's facts, or None while no model is loaded."""
         ...
 
@@ -75,3 +97,8 @@ class ModelEngine(Protocol):
     def alive(self) -> bool:
         """The engine thread is running."""
         ...
+
+
+if TYPE_CHECKING:
+    # An engine of either kind, as the fleet holds it.
+    AnyEngine = ModelEngine[EngineInfo]

@@ -12,12 +12,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxd.config import load_settings
+from mlxd.config import Settings, load_settings
 from mlxd.config.registry import for_model
 from mlxd.engine.embeddings.checks import check_text_size
 from mlxd.engine.embeddings.engine import EmbeddingEngine
 from mlxd.engine.embeddings.jobs import Job, plan_passes
 from mlxd.engine.embeddings.messages import EmbeddingError, EmbeddingInfo, EmbeddingResult
+from mlxd.engine.messages import Failed
 from tests.support.tinyembed import EMBED_CONFIG, QWEN3_CONFIG
 
 TEXTS = [
@@ -29,8 +30,8 @@ TEXTS = [
 ]
 
 
-def make(path: Path, *, batch: int = 8, start: bool = True, **model: object) -> EmbeddingEngine:
-    """An engine for ``[models.emb]`` (``kind = "embedding"``, its own ``batch.size``).
+def settings_for(path: Path, *, batch: int = 8, **model: object) -> Settings:
+    """The settings of ``[models.emb]`` (``kind = "embedding"``, its own ``batch.size``).
 
     The registry needs a chat model too; it is never loaded here.
     """
@@ -38,7 +39,16 @@ def make(path: Path, *, batch: int = 8, start: bool = True, **model: object) -> 
     settings = load_settings(
         None, overrides={"models": {"chat": {"path": str(path)}, "emb": entry}}
     )
-    engine = EmbeddingEngine(for_model(settings, "emb"), "emb")
+    return for_model(settings, "emb")
+
+
+def make(
+    path: Path, *, batch: int = 8, start: bool = True, at_start: bool = True, **model: object
+) -> EmbeddingEngine:
+    """An engine for ``[models.emb]`` that loads its model when it starts (``at_start``)."""
+    engine = EmbeddingEngine(
+        settings_for(path, batch=batch, **model), "emb", load_at_start=at_start
+    )
     if start:
         engine.start()
         assert engine.wait_loaded(120), engine.load_error
@@ -53,13 +63,16 @@ def engine(tiny_embedding_model):
 
 
 def embed(engine: EmbeddingEngine, inputs, dimensions=None) -> EmbeddingResult:
-    return engine.submit(inputs, dimensions=dimensions).result(60)
+    result = engine.submit(inputs, dimensions=dimensions).result(60)
+    assert isinstance(result, EmbeddingResult), result
+    return result
 
 
-def refusal(engine: EmbeddingEngine, inputs, dimensions=None) -> EmbeddingError:
-    with pytest.raises(EmbeddingError) as caught:
-        embed(engine, inputs, dimensions)
-    return caught.value
+def refusal(engine: EmbeddingEngine, inputs, dimensions=None) -> Failed:
+    # Refusals cross back as values, never as exceptions.
+    failed = engine.submit(inputs, dimensions=dimensions).result(60)
+    assert isinstance(failed, Failed), failed
+    return failed
 
 
 def hf_tokenizer(path: Path):
@@ -259,14 +272,58 @@ def test_snapshot_counts_work_and_state(tiny_embedding_model):
     assert engine.snapshot().state == "stopped" and not engine.alive
 
 
+def test_the_thread_loads_unloads_and_applies_by_command(tiny_embedding_model, tmp_path):
+    # The ModelEngine protocol: one thread for the life of the entry; the model comes and goes.
+    engine = make(tiny_embedding_model, start=False, at_start=False)
+    assert engine.snapshot().state == "unloaded" and not engine.alive
+    engine.start()
+    try:
+        assert engine.alive and engine.info is None
+        assert engine.wait_loaded(10) is False and engine.load_error is None
+        assert refusal(engine, ["x"]).code == "model_not_loaded"
+        settings = settings_for(tiny_embedding_model)
+        info = engine.load(settings).result(120)
+        assert info.id == "emb" and engine.info == info
+        assert engine.snapshot().state == "ready" and engine.snapshot().weights_bytes > 0
+        assert embed(engine, TEXTS[:2]).vectors.shape == (2, EMBED_CONFIG["hidden_size"])
+        engine.apply(settings_for(tiny_embedding_model, batch=2)).result(10)
+        assert engine.snapshot().batch_limit == 2
+        assert engine.unload().result(60) is None
+        after = engine.snapshot()
+        assert engine.alive and engine.info is None and not engine.busy
+        assert (after.state, after.weights_bytes, after.requests_served) == ("unloaded", 0, 1)
+        assert refusal(engine, ["x"]).code == "model_not_loaded"
+        # A request that comes while a load is under way waits for it.
+        loading = engine.load(settings)
+        waited = engine.submit(TEXTS[:3])
+        info = loading.result(120)
+        assert info.dimensions == EMBED_CONFIG["hidden_size"] and engine.info == info
+        assert waited.result(60).vectors.shape[0] == 3
+        assert engine.snapshot().requests_served == 1  # counted since the load
+        # A failed load keeps the loaded model serving.
+        from mlxd.engine.chat.loading import ModelLoadError
+
+        with pytest.raises(ModelLoadError, match="is not a directory"):
+            engine.load(settings_for(tmp_path / "missing")).result(60)
+        assert engine.snapshot().state == "ready" and engine.info == info
+        assert embed(engine, ["still here"]).vectors.shape[0] == 1
+        engine.rename("emb2")
+        assert engine.model_id == "emb2" and engine.snapshot().id == "emb2"
+    finally:
+        engine.stop()
+    assert engine.snapshot().state == "stopped" and not engine.alive
+    with pytest.raises(RuntimeError, match="stopped"):
+        engine.load(settings).result(1)
+
+
 def test_stop_fails_queued_requests_and_later_submits(tiny_embedding_model):
     engine = make(tiny_embedding_model, start=False)
     queued = engine.submit(["waiting"])
     assert engine.busy
     engine.stop()
-    with pytest.raises(EmbeddingError) as caught:
-        queued.result(10)
-    assert (caught.value.status, caught.value.code) == (503, "shutting_down")
+    failed = queued.result(10)
+    assert isinstance(failed, Failed)
+    assert (failed.status, failed.code) == (503, "shutting_down")
     late = refusal(engine, ["late"])
     assert (late.status, late.code) == (503, "shutting_down")
 
@@ -278,10 +335,10 @@ def test_a_missing_path_is_a_load_error_not_a_download(tmp_path):
     assert not engine.wait_loaded(60)
     assert engine.load_error is not None and "is not a directory" in engine.load_error
     assert engine.snapshot().state == "failed"
-    with pytest.raises(EmbeddingError) as caught:
-        queued.result(10)
-    assert (caught.value.status, caught.value.code) == (503, "model_load_failed")
-    assert "is not a directory" in caught.value.message
+    failed = queued.result(10)
+    assert isinstance(failed, Failed)
+    assert (failed.status, failed.code) == (503, "model_load_failed")
+    assert "is not a directory" in failed.message
     assert refusal(engine, ["x"]).code == "model_load_failed"
     engine.stop()
 
@@ -415,7 +472,8 @@ def test_a_process_that_used_an_engine_exits_cleanly(tiny_embedding_model):
         "p = sys.argv[1]\n"
         "models = {'chat': {'path': p}, 'emb': {'path': p, 'kind': 'embedding'}}\n"
         "s = for_model(load_settings(None, overrides={'models': models}), 'emb')\n"
-        "e = EmbeddingEngine(s, 'emb'); e.start(); assert e.wait_loaded(120), e.load_error\n"
+        "e = EmbeddingEngine(s, 'emb', load_at_start=True); e.start()\n"
+        "assert e.wait_loaded(120), e.load_error\n"
         "texts = ['hello river world', 'the boats rock', 'a', 'the river runs past the mill']\n"
         "print(e.submit(texts).result(60).vectors.shape)\n"
         "e.stop()\n"

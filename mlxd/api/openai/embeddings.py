@@ -24,7 +24,7 @@ from mlxd.api.http.decode import decode_parameters
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
 from mlxd.api.state import AppState, Mlxd
-from mlxd.engine import EmbeddingError, EmbeddingResult, check_embedding_inputs
+from mlxd.engine import EmbeddingError, EmbeddingResult, Failed, check_embedding_inputs
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -133,5 +133,8 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
     except EmbeddingError as exc:
         note.error = exc.code
         raise _openai(exc) from None
+    if isinstance(result, Failed):
+        note.error = result.code
+        raise OpenAIError.from_failed(result)
     note.prompt_tokens = result.prompt_tokens
     return Response(response_body(result, lease.id, encoding_format), headers=headers)

@@ -50,7 +50,6 @@ from mlxd.engine.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.grammar import Grammars
-    from mlxd.engine.cluster.leader import Leader
 
 T = TypeVar("T")
 
@@ -95,20 +94,16 @@ class Engine:
         optimized_blas: bool = False,
         fault_injection: bool = False,
         runtime: dict[str, Any] | None = None,
-        cluster: ClusterHooks | Leader | None = None,
+        cluster: ClusterHooks | None = None,
         pool: MemoryPool | None = None,
         model_id: str = "",
         load_at_start: bool = True,
     ):
         self.model_id = model_id
-        # Called with (message, exit code) when a cluster passed as a bare
-        # Leader is lost. Compatibility for server.py until it passes
-        # LeaderHooks(leader, on_fatal=...) as ``cluster`` (issue 18).
-        self.on_fatal: Callable[[str, int], None] = lambda message, code: None
         self._thread = EngineThread(
             settings,
             name=model_id,
-            hooks=self._make_hooks(cluster),
+            hooks=cluster or OneMachine(),
             pool=pool,
             pool_id=model_id,
             optimized_blas=optimized_blas,
@@ -116,17 +111,6 @@ class Engine:
             runtime=runtime,
             load_at_start=load_at_start,
         )
-
-    def _make_hooks(self, cluster: ClusterHooks | Leader | None) -> ClusterHooks:
-        if cluster is None:
-            return OneMachine()
-        from mlxd.engine.cluster.leader import Leader
-
-        if isinstance(cluster, Leader):  # the compatibility path above
-            from mlxd.engine.cluster.hooks import LeaderHooks
-
-            return LeaderHooks(cluster, on_fatal=lambda message, code: self.on_fatal(message, code))
-        return cluster
 
     # ------------------------------------------------------------ life
 
@@ -248,11 +232,6 @@ class Engine:
     @property
     def info(self) -> ModelInfo | None:
         """The loaded model's facts, or None while no model is loaded."""
-        return self._thread.model.info
-
-    @property
-    def model_info(self) -> ModelInfo | None:
-        """The same as :attr:`info` (``fleet/slot.py`` reads this name, until it reads ``info``)."""
         return self._thread.model.info
 
     @property

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from mlxd.engine.cluster.view import ClusterView
 from mlxd.engine.policy import admission
 from mlxd.engine.snapshot import (
     BatchView,
@@ -40,9 +41,7 @@ def _row_view(row: Row, now: float, kv_bytes: int, projected: int) -> RowView:
     )
 
 
-def build_snapshot(
-    core: EngineCore, *, state: str, cluster: dict[str, Any] | None = None
-) -> Snapshot:
+def build_snapshot(core: EngineCore, *, state: str, cluster: ClusterView | None = None) -> Snapshot:
     """One consistent, immutable view of ``core``; called on the engine thread."""
     now, wall = time.monotonic(), time.time()
     settings = core.settings

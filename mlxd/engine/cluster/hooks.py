@@ -29,12 +29,11 @@ from mlxd.engine.cluster.join import ClusterError
 from mlxd.engine.cluster.leader import Leader
 from mlxd.engine.cluster.plan import PeerLost
 from mlxd.engine.cluster.start import check_model, shard_loader, start_leader
+from mlxd.engine.cluster.view import ClusterView
+from mlxd.engine.cluster.watchdog import HEARTBEAT_S
 from mlxd.engine.messages import Failed
 
 logger = logging.getLogger(__name__)
-
-# An idle rank 0 sends an empty plan this often (the heartbeat).
-_HEARTBEAT_S = 0.1
 
 
 class LeaderHooks:
@@ -46,7 +45,7 @@ class LeaderHooks:
             cluster is lost (3), or could not form (2).
     """
 
-    heartbeat_s = _HEARTBEAT_S
+    heartbeat_s = HEARTBEAT_S
 
     def __init__(self, leader: Leader, *, on_fatal: Callable[[str, int], None]):
         self._leader = leader
@@ -123,7 +122,7 @@ class LeaderHooks:
             return "peer_lost"
         return engine_state if state == "ready" else "starting"
 
-    def view(self) -> dict[str, Any] | None:
+    def view(self) -> ClusterView | None:
         return self._leader.view()
 
     def shutdown(self) -> None:

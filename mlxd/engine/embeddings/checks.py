@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mlxd.engine.embeddings.messages import EmbeddingError, EmbeddingInfo
+from mlxd.engine.messages import ErrorCode
 
 # OpenAI's own bound on the inputs of one request.
 MAX_INPUTS = 2048
@@ -20,7 +21,9 @@ MAX_INPUTS = 2048
 Inputs = Sequence[str] | Sequence[Sequence[int]]
 
 
-def _bad(message: str, *, code: str = "invalid_value", param: str = "input") -> EmbeddingError:
+def _bad(
+    message: str, *, code: ErrorCode = "invalid_value", param: str = "input"
+) -> EmbeddingError:
     return EmbeddingError(400, message, code=code, param=param)
 
 
@@ -55,7 +58,7 @@ def check_inputs(inputs: Inputs, info: EmbeddingInfo, dimensions: int | None) ->
             raise _bad("'input' must be all strings or all token-id lists, not a mix.")
         if not item:
             raise _bad(f"Input {index} is empty; every input needs at least one token.")
-        if texts:
+        if isinstance(item, str):
             check_text_size(index, item, info)
             continue
         if len(item) > context:

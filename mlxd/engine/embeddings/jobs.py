@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 
 from mlxd.engine.embeddings.checks import check_inputs, too_long
-from mlxd.engine.embeddings.messages import EmbeddingError, EmbeddingInfo, EmbeddingResult
+from mlxd.engine.embeddings.messages import (
+    Embedded,
+    EmbeddingError,
+    EmbeddingInfo,
+    EmbeddingResult,
+)
+from mlxd.engine.messages import Failed
 
 # Padded tokens (inputs x longest input) one forward pass may hold, beyond a
 # single input: attention memory grows with the square of the length, so long
@@ -31,7 +37,7 @@ class Job:
 
     inputs: list[Any]
     dimensions: int | None
-    future: Future
+    future: Future[Embedded]
     ids: list[list[int]] = field(default_factory=list)
     vectors: np.ndarray | None = None
     left: int = 0
@@ -42,8 +48,8 @@ class Job:
         return len(self.inputs)
 
 
-def shutting_down() -> EmbeddingError:
-    return EmbeddingError(503, "The server is shutting down; retry later.", code="shutting_down")
+def shutting_down() -> Failed:
+    return Failed("shutting_down", "The server is shutting down; retry later.", 503)
 
 
 def copy_inputs(inputs: Any) -> list[Any]:

@@ -109,6 +109,11 @@ def _hf(tokenizer: Any) -> Any:
     return getattr(tokenizer, "_tokenizer", tokenizer)
 
 
+def _is_text_tokenizer(hf: Any) -> bool:
+    """A Hugging Face text tokenizer (a vision model's processor has no vocabulary)."""
+    return callable(hf) and hasattr(hf, "get_vocab")
+
+
 def size_bounds(hf: Any) -> tuple[int, bool]:
     """What bounds a text's tokens from below, before tokenizing: ``(chars, words)``.
 
@@ -188,7 +193,7 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
     except Exception as exc:
         raise ModelLoadError(f"mlx_embeddings.load({str(path)!r}) failed: {exc}") from exc
     hf = _hf(tokenizer)
-    if not callable(hf) or not hasattr(hf, "get_vocab"):
+    if not _is_text_tokenizer(hf):
         raise ModelLoadError(f"{str(path)!r} has a processor, not a text tokenizer")
     vocab = len(hf)
     if config.get("vocab_size"):
@@ -202,8 +207,9 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
     encode = make_encoder(tokenizer)
     probe = encode(["mlxd"])[0]
     dims = int(run_pass(model, [probe], pad).shape[-1])
-    weights = tree_reduce(
-        lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0
+    weights = int(
+        tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0)
+        or 0
     )
     info = EmbeddingInfo(
         id=model_id,
@@ -212,7 +218,7 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
         dimensions=dims,
         context_length=_context_length(config, hf, settings.max_context),
         vocab_size=vocab,
-        weights_bytes=int(weights),
+        weights_bytes=weights,
         supports_dimensions=family in MATRYOSHKA_FAMILIES
         or bool(config.get("matryoshka_dimensions")),
         dtype=describe_dtype(model, config),

@@ -1,8 +1,11 @@
 """The values that cross between the HTTP side and an embedding engine's thread.
 
-Plain frozen dataclasses and one exception type, no MLX: the HTTP side imports
-this module (and :mod:`mlxd.engine.embeddings.checks`) and nothing else of the
-embedding engine.
+Plain frozen dataclasses, no MLX: the HTTP side imports this module (and
+:mod:`mlxd.engine.embeddings.checks`) and nothing else of the embedding
+engine. A request's outcome crosses back as a value, an
+:class:`EmbeddingResult` or the engine's :class:`~mlxd.engine.messages.Failed`;
+:class:`EmbeddingError` is raised only by the pure checks, on the caller's
+own thread.
 """
 
 from __future__ import annotations
@@ -12,22 +15,31 @@ from typing import Literal
 
 import numpy as np
 
-EmbeddingState = Literal["loading", "ready", "failed", "stopped"]
+from mlxd.engine.messages import ErrorCode, Failed
+
+# unloaded -> loading -> ready (or failed) -> ... -> stopped; "unloaded" again
+# after an unload, "loading" again for the next load.
+EmbeddingState = Literal["unloaded", "loading", "ready", "failed", "stopped"]
 
 
 class EmbeddingError(Exception):
-    """A request the embedding engine refuses or cannot finish, with its HTTP status.
+    """Inputs the model cannot take, found by a pure check; :attr:`failed` is the value.
 
     ``code`` and ``param`` are OpenAI's error fields (``context_length_exceeded``,
-    ``invalid_value``, ``shutting_down``, ...).
+    ``invalid_value``, ...).
     """
 
-    def __init__(self, status: int, message: str, *, code: str, param: str | None = None):
+    def __init__(self, status: int, message: str, *, code: ErrorCode, param: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.code = code
+        self.code: ErrorCode = code
         self.param = param
+
+    @property
+    def failed(self) -> Failed:
+        """The same refusal as the value a request's future resolves to."""
+        return Failed(self.code, self.message, self.status, param=self.param)
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,10 @@ class EmbeddingResult:
 
     vectors: np.ndarray
     prompt_tokens: int
+
+
+# What a request's future resolves to.
+Embedded = EmbeddingResult | Failed
 
 
 @dataclass(frozen=True)

@@ -1,38 +1,38 @@
 """A reloaded registry, applied to a running fleet.
 
-Removed models finish what they run, then unload; added ones start
-unloaded (pinned ones load); changed ones take their new settings between
-two steps, or load again when their path or kind changed. A mixin of
-:class:`mlxd.engine.fleet.fleet.Fleet`, kept apart so the fleet reads as routing,
-loading and memory.
+Removed models finish what they run, then unload and their engines stop;
+added ones start unloaded (pinned ones load); changed ones take their new
+settings between two steps (:meth:`ModelEngine.apply`), or load their new
+model in place when their path changed (a failed swap keeps the old one),
+or get a new engine when their kind changed. Every engine is driven through
+:class:`~mlxd.engine.model_engine.ModelEngine`, whatever its kind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
 
 from mlxd.config import Settings
 from mlxd.config.entry import ModelEntry
 from mlxd.config.registry import for_model, registry
-from mlxd.engine.fleet.slot import Slot, budget_bytes, estimate_weights, swallow_failure
-
-if TYPE_CHECKING:
-    from mlxd.engine.fleet.memory import MemoryPool
+from mlxd.engine.fleet.loading import Loads
+from mlxd.engine.fleet.slot import Slot, budget_bytes, swallow_failure
+from mlxd.engine.fleet.slots import Slots
+from mlxd.engine.fleet.unloading import Unloads
 
 # Keys of an entry whose change needs the model loaded again.
 _SWAP_KEYS = ("path", "chat_template", "tool_parser", "max_context", "demo_dtype", "kind")
 
 
 class RegistryReload:
-    """``Fleet.apply`` and its steps; the fleet provides the rest."""
+    """``Fleet.apply`` and its steps."""
 
-    settings: Settings
-    slots: dict[str, Slot]
-    pool: MemoryPool
-    _device_bytes: int
-    _make_engine: Any
+    def __init__(self, slots: Slots, loads: Loads, unloads: Unloads, device_bytes: int):
+        self._slots = slots
+        self._loads = loads
+        self._unloads = unloads
+        self._device_bytes = device_bytes
 
     async def apply(self, settings: Settings) -> dict[str, str]:
         """Adopt a reloaded registry; returns the models whose swap failed, with why.
@@ -41,114 +41,94 @@ class RegistryReload:
         unloaded (pinned ones load); changed ones get their new settings
         live, or are loaded again when their path or kind changed.
         """
-        old = self.settings
-        self.settings = settings
-        self.pool.set_budget(budget_bytes(settings, self._device_bytes))
+        slots = self._slots
+        old = slots.settings
+        slots.settings = settings
+        slots.pool.set_budget(budget_bytes(settings, self._device_bytes))
         new = registry(settings)
         renamed = None
         if not old.models and not settings.models:  # one [model] table: its id may change
             (old_id,), (new_id,) = registry(old), new
-            if old_id != new_id and old_id in self.slots:
+            if old_id != new_id and old_id in slots.by_id:
                 renamed = (old_id, new_id)
                 self._rename(old_id, new_id)
         errors: dict[str, str] = {}
-        for model_id, slot in list(self.slots.items()):
+        for model_id, slot in list(slots.by_id.items()):
             if model_id not in new:
                 slot.removed = True
                 task = asyncio.ensure_future(self._remove(slot))
                 task.add_done_callback(swallow_failure)
         for model_id, entry in new.items():
-            slot = self.slots.get(model_id)
+            slot = slots.by_id.get(model_id)
             if slot is None or slot.removed:
                 if slot is not None:  # removed and added back before it left: wait for it
-                    await asyncio.shield(self._removal(slot))
-                added = self._add(model_id, settings)
-                if added.engine is not None:
-                    added.engine.start()
-                self._event(model_id, "added", "by a reload")
+                    await _settled(slot)
+                added = slots.add(model_id, settings)
+                added.engine.start()
+                slots.event(model_id, "added", "by a reload")
                 if added.pinned:
-                    self._spawn_load(added)
+                    self._loads.spawn(added)
                 continue
-            error = await self._change(slot, entry, settings, old)
+            error = await self._change(slot, entry, settings)
             if error:
                 errors[model_id] = error
         if renamed and errors:
             self._rename(renamed[1], renamed[0])
-        self._notify()
+        slots.notify()
         return errors
 
     def _rename(self, old_id: str, new_id: str) -> None:
         """The one ``[model]`` table's id changed (its path or name): same slot, new id."""
-        slot = self.slots.pop(old_id)
+        slots = self._slots
+        slot = slots.by_id.pop(old_id)
         slot.id = new_id
-        self.slots[new_id] = slot
-        self.pool.rename(old_id, new_id)
-        if slot.engine is not None:
-            slot.engine.rename(new_id)
+        slots.by_id[new_id] = slot
+        slots.pool.rename(old_id, new_id)
+        slot.engine.rename(new_id)
 
-    async def _change(
-        self, slot: Slot, entry: ModelEntry, settings: Settings, old: Settings
-    ) -> str | None:
+    async def _change(self, slot: Slot, entry: ModelEntry, settings: Settings) -> str | None:
         before, before_settings = slot.entry, slot.settings
         slot.entry, slot.settings = entry, for_model(settings, slot.id)
-        swap = any(getattr(before, k) != getattr(entry, k) for k in _SWAP_KEYS)
         if before.kind != entry.kind:
             # A different kind is a different engine: unload, then start over.
             if slot.state == "loaded":
-                await asyncio.shield(self._unloading(slot, "unloaded", "its kind changed"))
-            if slot.engine is not None:
-                await asyncio.to_thread(slot.engine.stop)
-            slot.engine = None
-            if entry.kind == "chat":
-                slot.engine = self._make_engine(slot.settings, slot.id, self.pool, False)
-                slot.engine.start()
-        elif entry.kind == "chat":
-            engine = slot.engine
+                await asyncio.shield(self._unloads.start(slot, "unloaded", "its kind changed"))
+            old = slot.engine
+            slot.engine = self._slots.make_engine(slot.settings, slot.id, entry.kind)
+            slot.engine.start()
+            await asyncio.to_thread(old.stop)
+        else:
+            swap = any(getattr(before, k) != getattr(entry, k) for k in _SWAP_KEYS)
             if swap and slot.state == "loaded":
                 try:
-                    info = await asyncio.wrap_future(engine.load(slot.settings))
+                    info = await asyncio.wrap_future(slot.engine.load(slot.settings))
                 except Exception as exc:
                     slot.entry, slot.settings = before, before_settings
                     return f"model swap failed, the previous model keeps serving: {exc}"
-                self.pool.settle(slot.id, info.weights_bytes + slot.prompt_cache_cap())
-                self._event(slot.id, "loaded", "swapped by a reload")
-            await asyncio.wrap_future(engine.apply(slot.settings))
-        elif swap and slot.state == "loaded":
-            await asyncio.shield(self._unloading(slot, "unloaded", "its path changed"))
-            self._spawn_load(slot)
-        elif slot.engine is not None:  # an embedding model: its batch size, live
-            slot.engine.apply(slot.settings)
+                self._slots.pool.settle(slot.id, info.weights_bytes + slot.prompt_cache_cap())
+                self._slots.event(slot.id, "loaded", "swapped by a reload")
+            await asyncio.wrap_future(slot.engine.apply(slot.settings))
         if slot.pinned and slot.state in ("unloaded", "failed"):
-            self._spawn_load(slot)
+            self._loads.spawn(slot)
         return None
 
-    def _add(self, model_id: str, settings: Settings) -> Slot:
-        entry = registry(settings)[model_id]
-        slot = Slot(model_id, entry, for_model(settings, model_id))
-        if entry.kind == "chat":
-            # Before run(), a pinned model loads on its engine thread (a cluster's
-            # one model always: every rank loads its shard at start).
-            pinned = entry.pin or settings.cluster is not None
-            at_start = pinned and self._changed is None
-            if at_start:
-                self.pool.settle(model_id, estimate_weights(entry) + slot.prompt_cache_cap())
-                slot.state = "loading"
-            slot.engine = self._make_engine(slot.settings, model_id, self.pool, at_start)
-        self.slots[model_id] = slot
-        return slot
-
-    def _removal(self, slot: Slot) -> asyncio.Future:
-        return slot.task if slot.task is not None else asyncio.sleep(0)
-
     async def _remove(self, slot: Slot) -> None:
+        slots = self._slots
         if slot.task is not None and not slot.task.done():
             with contextlib.suppress(Exception):
                 await asyncio.shield(slot.task)
         if slot.state == "loaded":
-            await asyncio.shield(self._unloading(slot, "removed", "by a reload"))
-        engine, slot.engine = slot.engine, None
-        if engine is not None:
-            await asyncio.to_thread(engine.stop)
-        if self.slots.get(slot.id) is slot:
-            del self.slots[slot.id]
-        self._notify()
+            await asyncio.shield(self._unloads.start(slot, "removed", "by a reload"))
+        await asyncio.to_thread(slot.engine.stop)
+        if slots.by_id.get(slot.id) is slot:
+            del slots.by_id[slot.id]
+        slots.notify()
+
+
+async def _settled(slot: Slot) -> None:
+    """Until ``slot``'s load or unload under way ended (its outcome is its own)."""
+    if slot.task is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(slot.task)
+    else:
+        await asyncio.sleep(0)

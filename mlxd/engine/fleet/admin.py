@@ -1,0 +1,58 @@
+"""The admin actions on one model (``/admin/models``, the dashboard): load, unload, pin.
+
+Each acts on a configured id (not an alias), waits for what it started, and
+answers with the model's row as the views show it. Refusals are
+:class:`~mlxd.engine.fleet.values.FleetRefusal`: an unknown id (404), a
+pinned model to unload (409), a load that fails or cannot fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from mlxd.engine.fleet.loading import Loads
+from mlxd.engine.fleet.slots import Slots
+from mlxd.engine.fleet.unloading import Unloads
+from mlxd.engine.fleet.values import FleetRefusal, ModelState
+from mlxd.engine.fleet.views import state_of
+from mlxd.engine.messages import Failed
+
+
+class Admin:
+    """An operator's actions on the fleet's models; see the module docstring."""
+
+    def __init__(self, slots: Slots, loads: Loads, unloads: Unloads):
+        self._slots = slots
+        self._loads = loads
+        self._unloads = unloads
+
+    async def load(self, model_id: str) -> ModelState:
+        """Load ``model_id`` now (making room as a request would)."""
+        slot = self._slots.find(model_id)
+        await self._loads.ensure_loaded(slot)
+        return state_of(self._slots, slot)
+
+    async def unload(self, model_id: str) -> ModelState:
+        """Unload ``model_id`` once its requests are done (a load under way ends first)."""
+        slot = self._slots.find(model_id)
+        if slot.pinned:
+            raise FleetRefusal(
+                Failed("model_pinned", f"'{model_id}' is pinned; unpin it first.", 409)
+            )
+        if slot.state == "loading" and slot.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(slot.task)
+        if slot.state == "loaded":
+            await asyncio.shield(self._unloads.start(slot, "unloaded", "by an admin"))
+        return state_of(self._slots, slot)
+
+    def pin(self, model_id: str, on: bool) -> ModelState:
+        """Pin (load now, never evict) or unpin ``model_id``, over its entry's ``pin``."""
+        slot = self._slots.find(model_id)
+        slot.pin_override = on
+        self._slots.event(model_id, "pinned" if on else "unpinned", "by an admin")
+        if on and slot.state in ("unloaded", "failed"):
+            self._loads.spawn(slot)
+        self._slots.notify()
+        return state_of(self._slots, slot)
