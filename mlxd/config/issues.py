@@ -13,7 +13,7 @@ from pydantic import ValidationError
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+    import tomli as tomllib  # pyright: ignore[reportMissingImports] - installed on 3.10 only
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,9 @@ def load_settings(
         parse_toml(text, source)  # a readable error before pydantic sees it
         token = _toml_input.set((path, text))
     try:
-        settings = Settings(**(overrides or {}))
+        # pydantic validates the nested tables from plain dicts; the sources run in __init__.
+        tables: dict[str, Any] = dict(overrides or {})
+        settings = Settings(**tables)
     except ValidationError as exc:
         raise ConfigError(source, _issues_from_validation(exc, text)) from None
     finally:

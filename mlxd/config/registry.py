@@ -174,7 +174,7 @@ def describe(settings: Settings) -> list[str]:
         if entry.pin:
             flags.append("pinned")
         keep = entry.keep_alive
-        flags.append("keep_alive " + (keep if keep == "forever" else f"{keep:g}s"))
+        flags.append("keep_alive " + (keep if isinstance(keep, str) else f"{keep:g}s"))
         own = [
             f"{name}.{key}={value}"
             for name in OVERRIDABLE

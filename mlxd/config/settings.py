@@ -29,7 +29,7 @@ from mlxd.config.sections import (
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+    import tomli as tomllib  # pyright: ignore[reportMissingImports] - installed on 3.10 only
 
 
 _toml_input: ContextVar[tuple[Path, str] | None] = ContextVar("_toml_input", default=None)
@@ -96,7 +96,7 @@ def _section_class(annotation: Any) -> type[Section]:
 
 SECTIONS: dict[str, type[Section]] = {
     name: _section_class(field.annotation)
-    for name, field in Settings.model_fields.items()  # type: ignore[misc]
+    for name, field in Settings.model_fields.items()
     if name != "models"  # the registry: tables of ModelEntry, see mlxd.config.registry
 }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -86,7 +86,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    tensors, meta = mx.load(str(gguf_path), return_metadata=True)
+    tensors, meta = cast(
+        "tuple[dict[str, mx.array], dict[str, Any]]",  # what return_metadata=True gives for a GGUF
+        mx.load(str(gguf_path), return_metadata=True),
+    )
     try:
         config = _model_config(meta, tensors)
         weights, quantization = _convert_tensors(tensors, config, dtype)
