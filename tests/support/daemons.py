@@ -22,7 +22,6 @@ Tests that start, kill or restart a daemon themselves build a
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +29,8 @@ from typing import Any
 
 import pytest
 
+from mlxd.config import parse_toml
 from tests.support.daemon import Daemon, toml_config
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 __all__ = [
     "DEMO_SDK",
@@ -79,7 +74,7 @@ def tools_config(template: str) -> dict[str, Any]:
 
 def uses_demo_model(config: str) -> bool:
     """Whether a config serves the demo model (a model without a ``path``)."""
-    data = tomllib.loads(config)
+    data = parse_toml(config, "<test config>")
     models = data.get("models")
     if isinstance(models, dict) and models:
         return any(not entry.get("path") for entry in models.values())

@@ -15,10 +15,10 @@ import pytest
 
 from mlxd.api.http.errors import OpenAIError
 from mlxd.config import LimitSettings, SamplingSettings, Settings
-from mlxd.engine import Finished, ModelInfo, Usage
+from mlxd.engine import ChatPrompt, Finished, FinishReason, GenerationRequest, ModelInfo, Usage
 from mlxd.engine.messages import Timings
 
-T = TypeVar("T")
+T = TypeVar("T", bound=msgspec.Struct)
 
 # A served chat model as the HTTP side sees it: Hermes-style tool calls, a grammar-capable
 # tokenizer, think markers.
@@ -57,6 +57,12 @@ def decoded(body: dict[str, Any], kind: type[T]) -> T:
     return decode(body_bytes(body), kind)
 
 
+def chat_prompt(gen: GenerationRequest) -> ChatPrompt:
+    """``gen``'s prompt, which must be chat messages."""
+    assert isinstance(gen.prompt, ChatPrompt), gen.prompt
+    return gen.prompt
+
+
 def refused(build: Callable[..., Any], *args: Any, **kw: Any) -> OpenAIError:
     """The 400 (or other) ``build(*args, **kw)`` raises."""
     with pytest.raises(OpenAIError) as err:
@@ -65,7 +71,7 @@ def refused(build: Callable[..., Any], *args: Any, **kw: Any) -> OpenAIError:
 
 
 def finished(
-    reason: str = "stop",
+    reason: FinishReason = "stop",
     *,
     prompt: int = 12,
     completion: int = 5,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mlxd.api.openai.render import Renderer, sse_error
+from mlxd.api.openai.render import Kind, Renderer, sse_error
 from mlxd.api.openai.routes import ChatOutput
 from mlxd.engine import Delta, Failed, TokenLogprob, ToolCall, TopLogprob
 from tests.support.translate import data_lines, finished
@@ -21,7 +21,7 @@ CALL2 = ToolCall(index=1, id="call_def", name="add", arguments='{"a": 1}')
 
 
 def output(
-    kind: str = "chat",
+    kind: Kind = "chat",
     *,
     usage: bool = False,
     logprobs: bool = False,

@@ -20,7 +20,7 @@ from mlxd.api.anthropic.schema import (
     messages_request,
 )
 from mlxd.engine import ChatPrompt, ModelInfo, SamplingParams
-from tests.support.translate import INFO, NO_TOOLS, SETTINGS, decoded, refused
+from tests.support.translate import INFO, NO_TOOLS, SETTINGS, chat_prompt, decoded, refused
 
 HI = [{"role": "user", "content": "hi"}]
 WEATHER = {
@@ -60,13 +60,13 @@ def test_system_as_text_or_blocks_and_ignored_cache_control():
         {"type": "text", "text": "be ", "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": "brief"},
     ]
-    a = call(system="be brief").gen.prompt
-    b = call(
-        system=blocks, cache_control={"type": "ephemeral"}, metadata={"user_id": "u"}
-    ).gen.prompt
+    a = chat_prompt(call(system="be brief").gen)
+    b = chat_prompt(
+        call(system=blocks, cache_control={"type": "ephemeral"}, metadata={"user_id": "u"}).gen
+    )
     assert a == b
     assert a.messages[0] == {"role": "system", "content": "be brief"}
-    assert call(system="").gen.prompt.messages == ({"role": "user", "content": "hi"},)
+    assert chat_prompt(call(system="").gen).messages == ({"role": "user", "content": "hi"},)
 
 
 def test_a_tool_round_trip_becomes_chat_history():
@@ -102,7 +102,7 @@ def test_a_tool_round_trip_becomes_chat_history():
             },
         ]
     )
-    assert c.gen.prompt.messages == (
+    assert chat_prompt(c.gen).messages == (
         {"role": "user", "content": "weather?"},
         # The thinking block is not fed back.
         {
@@ -127,7 +127,7 @@ def test_tools_and_tool_choice():
     server_tool = {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}
     gen = call(tools=[server_tool, WEATHER, ADD]).gen
     assert gen.parse_tools is True and gen.constraint is None
-    assert gen.prompt.tools == (
+    assert chat_prompt(gen).tools == (
         {
             "type": "function",
             "function": {
@@ -140,7 +140,7 @@ def test_tools_and_tool_choice():
     )
     assert call(tools=[WEATHER], tool_choice={"type": "auto"}).gen.constraint is None
     none = call(tools=[WEATHER], tool_choice={"type": "none"}).gen
-    assert none.prompt.tools == () and none.parse_tools is False
+    assert chat_prompt(none).tools == () and none.parse_tools is False
     for choice in ({"type": "any"}, {"type": "tool", "name": "add"}):
         forced = call(tools=[WEATHER, ADD], tool_choice=choice).gen.constraint
         assert forced is not None and forced.kind == "tools" and forced.tool_format == "json_tools"
@@ -156,7 +156,7 @@ def test_output_format_and_thinking():
     assert fmt is not None and fmt.kind == "json"
     assert call(output_config={"effort": "low"}).gen.constraint is None
     kwargs = {
-        kind: call(thinking={"type": kind, "budget_tokens": 1024}).gen.prompt.template_kwargs
+        kind: chat_prompt(call(thinking={"type": kind, "budget_tokens": 1024}).gen).template_kwargs
         for kind in ("enabled", "adaptive", "disabled")
     }
     assert kwargs == {

@@ -28,7 +28,7 @@ from mlxd.engine import (
     TextPrompt,
     TokenPrompt,
 )
-from tests.support.translate import INFO, SETTINGS, body_bytes, decoded, refused
+from tests.support.translate import INFO, SETTINGS, body_bytes, chat_prompt, decoded, refused
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -101,7 +101,7 @@ def test_messages_become_the_template_shape():
             {"role": "assistant", "content": "a", "refusal": None},
         ]
     )
-    assert gen.prompt.messages == (
+    assert chat_prompt(gen).messages == (
         {"role": "system", "content": "be brief"},
         {"role": "system", "content": "ab"},
         {"role": "user", "content": "q"},
@@ -128,7 +128,7 @@ def test_tool_history_keeps_calls_and_results():
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         ]
     )
-    assert gen.prompt.messages[1:] == (
+    assert chat_prompt(gen).messages[1:] == (
         {
             "role": "assistant",
             "content": None,
@@ -161,7 +161,7 @@ def test_logprobs_and_chat_template_kwargs():
         logprobs=True, top_logprobs=3, chat_template_kwargs={"enable_thinking": False, "a": 1}
     )
     assert (gen.logprobs, gen.top_logprobs) == (True, 3)
-    assert gen.prompt.template_kwargs == (("a", 1), ("enable_thinking", False))
+    assert chat_prompt(gen).template_kwargs == (("a", 1), ("enable_thinking", False))
 
 
 def test_fault_injection_when_the_server_allows_it():

@@ -13,7 +13,7 @@ import pytest
 
 from mlxd.api.openai.schemas import ChatRequest, chat_request
 from mlxd.engine import GenerationRequest, ModelInfo
-from tests.support.translate import INFO, NO_TOOLS, SETTINGS, decoded, refused
+from tests.support.translate import INFO, NO_TOOLS, SETTINGS, chat_prompt, decoded, refused
 
 HI = [{"role": "user", "content": "hi"}]
 WEATHER = {
@@ -51,7 +51,7 @@ def chat(info: ModelInfo | None = INFO, faults: bool = False, **body: Any) -> Ge
 def test_auto_tools_reach_the_template_without_strict_and_are_parsed():
     gen = chat(tools=[WEATHER, ADD])
     assert gen.parse_tools is True and gen.constraint is None
-    assert gen.prompt.tools == (
+    assert chat_prompt(gen).tools == (
         {
             "type": "function",
             "function": {
@@ -69,7 +69,7 @@ def test_auto_tools_reach_the_template_without_strict_and_are_parsed():
 
 def test_tool_choice_none_drops_the_tools():
     gen = chat(tools=[WEATHER], tool_choice="none")
-    assert gen.prompt.tools == () and gen.parse_tools is False and gen.constraint is None
+    assert chat_prompt(gen).tools == () and gen.parse_tools is False and gen.constraint is None
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_tool_choice_none_drops_the_tools():
 )
 def test_a_forced_call_is_a_grammar_in_the_models_tool_format(choice):
     gen = chat(tools=[WEATHER, ADD], tool_choice=choice)
-    assert gen.parse_tools is True and len(gen.prompt.tools) == 2
+    assert gen.parse_tools is True and len(chat_prompt(gen).tools) == 2
     assert gen.constraint is not None
     assert gen.constraint.kind == "tools" and gen.constraint.tool_format == "json_tools"
     assert gen.constraint.grammar and gen.constraint.key
@@ -91,8 +91,9 @@ def test_a_named_choice_grammar_differs_from_required_and_parallel():
     )
     required = chat(tools=[WEATHER, ADD], tool_choice="required")
     single = chat(tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False)
-    keys = {named.constraint.key, required.constraint.key, single.constraint.key}
-    assert len(keys) == 3
+    constraints = [named.constraint, required.constraint, single.constraint]
+    assert all(c is not None for c in constraints)
+    assert len({c.key for c in constraints if c is not None}) == 3
     assert chat(tools=[WEATHER, ADD], tool_choice="required").constraint == required.constraint
 
 

@@ -15,7 +15,7 @@ import pytest
 from mlxd.api.responses.items import SKIPPED_TOOL_TYPES
 from mlxd.api.responses.schema import ResponsesCall, ResponsesRequest, responses_request
 from mlxd.engine import ChatPrompt, ModelInfo, SamplingParams
-from tests.support.translate import INFO, NO_TOOLS, SETTINGS, decoded, refused
+from tests.support.translate import INFO, NO_TOOLS, SETTINGS, chat_prompt, decoded, refused
 
 WEATHER = {
     "type": "function",
@@ -90,7 +90,7 @@ def test_the_echo_repeats_the_request_as_a_response_object_does():
 def test_instructions_lead_the_prompt_but_not_the_stored_history():
     previous = ({"role": "user", "content": "one"}, {"role": "assistant", "content": "1"})
     c = call(previous, instructions="count", input="two")
-    assert c.gen.prompt.messages == (
+    assert chat_prompt(c.gen).messages == (
         {"role": "system", "content": "count"},
         *previous,
         {"role": "user", "content": "two"},
@@ -130,7 +130,7 @@ def test_items_become_chat_messages():
             },
         ]
     )
-    assert c.gen.prompt.messages == (
+    assert chat_prompt(c.gen).messages == (
         {"role": "system", "content": "rules"},
         {"role": "user", "content": "ab"},
         # The calls join the assistant turn before them; the reasoning item is skipped.
@@ -154,7 +154,7 @@ def test_items_become_chat_messages():
 def test_a_call_with_no_assistant_turn_before_it_opens_one():
     item = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"}
     c = call(input=[item, {"type": "function_call_output", "call_id": "c1", "output": "0"}])
-    assert c.gen.prompt.messages[0] == {
+    assert chat_prompt(c.gen).messages[0] == {
         "role": "assistant",
         "content": None,
         "tool_calls": [
@@ -166,7 +166,7 @@ def test_a_call_with_no_assistant_turn_before_it_opens_one():
 def test_function_tools_and_hosted_tools():
     c = call(tools=[{"type": "web_search"}, WEATHER, {"type": "mcp", "server_label": "x"}])
     assert c.gen.parse_tools is True and c.gen.constraint is None
-    assert c.gen.prompt.tools == (
+    assert chat_prompt(c.gen).tools == (
         {
             "type": "function",
             "function": {
@@ -179,7 +179,7 @@ def test_function_tools_and_hosted_tools():
     assert "web_search" in SKIPPED_TOOL_TYPES and "function" not in SKIPPED_TOOL_TYPES
     # Only hosted tools: nothing for the template, nothing to parse.
     only_hosted = call(tools=[{"type": "code_interpreter"}])
-    assert only_hosted.gen.prompt.tools == () and only_hosted.gen.parse_tools is False
+    assert chat_prompt(only_hosted.gen).tools == () and only_hosted.gen.parse_tools is False
 
 
 @pytest.mark.parametrize(
@@ -207,10 +207,10 @@ def test_text_format_grammars():
 
 
 def test_reasoning_effort_none_turns_thinking_off():
-    assert call(reasoning={"effort": "none"}).gen.prompt.template_kwargs == (
+    assert chat_prompt(call(reasoning={"effort": "none"}).gen).template_kwargs == (
         ("enable_thinking", False),
     )
-    assert call(reasoning={"effort": "high"}).gen.prompt.template_kwargs == ()
+    assert chat_prompt(call(reasoning={"effort": "high"}).gen).template_kwargs == ()
 
 
 def test_a_warm_up_generates_one_token_and_no_output():
