@@ -15,7 +15,7 @@ import shutil
 import mlx.core as mx
 import pytest
 
-from tests.support.cluster import Cluster, cluster_config, write_hostfile
+from tests.support.cluster import Cluster
 from tests.support.engine import run_all, running_engine, token_request
 
 PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 64, 88, 19, 250, 31], [9, 180, 4]]
@@ -42,14 +42,8 @@ def reference(indexed_model):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, indexed_model):
-    work = tmp_path_factory.mktemp("pipeline-cluster")
-    config = cluster_config(
-        indexed_model, write_hostfile(work, 2), cluster={"sharding": "pipeline"}
-    )
-    c = Cluster(work, config).start()
-    yield c
-    c.stop()
+def cluster(clusters, indexed_model):
+    return clusters(indexed_model, cluster={"sharding": "pipeline"})
 
 
 def _complete(c: Cluster, prompt: list[int], **extra) -> str:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.support import ROOT
-from tests.support.cluster import Cluster, cluster_config, write_hostfile
+from tests.support.cluster import Cluster
 from tests.support.engine import run_all, running_engine, token_request
 from tests.support.stats_schema import check_schema
 
@@ -50,13 +50,8 @@ def reference(models):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, models):
-    work = tmp_path_factory.mktemp("cluster")
-    hostfile = write_hostfile(work, 2)
-    config = cluster_config(models["a"], hostfile, batch={"size": 4})
-    c = Cluster(work, config).start()
-    yield c
-    c.stop()
+def cluster(clusters, models):
+    return clusters(models["a"], batch={"size": 4})
 
 
 def complete(c: Cluster, prompt: list[int], n: int, **extra) -> httpx.Response:

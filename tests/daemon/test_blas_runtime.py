@@ -68,11 +68,9 @@ def test_openblas_f32_is_token_exact_with_the_reference_blas():
 
 
 @pytest.fixture(scope="module")
-def fast_daemon(tmp_path_factory):
+def fast_daemon(daemons):
     need_openblas()
-    d = Daemon(tmp_path_factory.mktemp("fast"), toml_config(batch={"size": 2})).start(timeout=900)
-    yield d
-    d.stop()
+    return daemons.get(toml_config(batch={"size": 2}))
 
 
 def test_auto_runs_float32_on_openblas_and_reports_the_mapped_library(fast_daemon):

@@ -32,12 +32,10 @@ def _config(model_dir: Path, port: int, token: str = TOKEN, **batch) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
+def daemon(daemons, tiny_models):
+    # Its own: the tests rewrite its config and reload it; the port is in its config.
     port = free_port()
-    d = Daemon(tmp_path_factory.mktemp("cli"), _config(tiny_models("llama"), port), port=port)
-    d.start()
-    yield d
-    d.stop()
+    return daemons.get(_config(tiny_models("llama"), port), port=port, name="cli")
 
 
 def mlxd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

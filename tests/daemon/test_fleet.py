@@ -52,7 +52,7 @@ def budget(paths) -> int:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, paths, budget):
+def daemon(daemons, paths, budget):
     config = toml_config(
         memory={"budget": budget},
         batch={"size": 4, "decode_allowance": 128},
@@ -69,9 +69,8 @@ def daemon(tmp_path_factory, paths, budget):
             "broken": {"path": str(paths["broken"]), "prompt_cache": {"max_bytes": CACHE}},
         },
     )
-    d = Daemon(tmp_path_factory.mktemp("fleet"), config).start()
-    yield d
-    d.stop()
+    # Its own: the tests load, unload and evict its models in file order.
+    return daemons.get(config, name="fleet")
 
 
 def chat(d: Daemon, model: str, max_tokens: int = 4) -> httpx.Response:

@@ -15,7 +15,9 @@ import time
 import httpx
 import pytest
 
-from tests.support.daemon import Daemon, toml_config
+from tests.support.daemon import toml_config
+
+pytestmark = pytest.mark.slow  # the demo model is one of the fleet
 
 DEMO = "demo"
 
@@ -42,10 +44,9 @@ def config(tiny_models, **kw) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_models):
-    d = Daemon(tmp_path_factory.mktemp("fleet-demo"), config(tiny_models)).start()
-    yield d
-    d.stop()
+def daemon(daemons, tiny_models):
+    # Its own: the last test reloads it with another registry.
+    return daemons.get(config(tiny_models), name="fleet-demo")
 
 
 async def timed_stream(client, model: str, prompt: str, max_tokens: int) -> list[float]:

@@ -25,13 +25,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
+def daemon(daemons):
     # One BLAS thread leaves the second core of a 2-core CI machine to the
     # intake thread, so the test sees stalls, not CPU contention.
     config = toml_config(batch={"size": 4}, sampling={"temperature": 0.0}, runtime={"threads": 1})
-    d = Daemon(tmp_path_factory.mktemp("demo-hardening"), config).start(timeout=900)
-    yield d
-    d.stop()
+    return daemons.get(config)
 
 
 def _stream(d: Daemon, model: str, times: list[float]) -> None:

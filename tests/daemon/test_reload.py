@@ -24,10 +24,9 @@ def config(model_dir, **batch):
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_models):
-    d = Daemon(tmp_path_factory.mktemp("reload"), config(tiny_models("llama"))).start()
-    yield d
-    d.stop()
+def daemon(daemons, tiny_models):
+    # Its own: every test here reloads it.
+    return daemons.get(config(tiny_models("llama")), name="reload")
 
 
 class StatsPoller:

@@ -28,7 +28,6 @@ import pytest
 from mlxd.api.http.access import COOKIE, cookie_value
 from mlxd.dashboard.regions import REGIONS
 from tests.support import ROOT
-from tests.support.browser import CHROMIUM_ARGS, require_browser
 from tests.support.daemon import Daemon, toml_config
 from tests.support.tinymodels import tiny_model_dir
 
@@ -41,6 +40,7 @@ HOSTILE_NAME = 'tiny"><script>alert(1)</script>'
 # MLXD_DASHBOARD_MODEL=demo runs this module on the real demo model (slower: for
 # the screenshot); the default is the tiny random-weight llama.
 DEMO = os.environ.get("MLXD_DASHBOARD_MODEL") == "demo"
+pytestmark = [pytest.mark.slow] if DEMO else []
 LONG, SHORT, PATIENCE = (48, 12, 4.0) if DEMO else (1500, 40, 1.0)
 
 
@@ -60,39 +60,21 @@ def _ms(seconds: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory):
-    d = Daemon(tmp_path_factory.mktemp("dashboard"), _config()).start()
-    yield d
-    d.stop()
+def daemon(daemons):
+    # Its own: the browser test counts its finished requests and sends it SIGHUP.
+    return daemons.get(_config(), name="dashboard")
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory):
+def guarded(daemons):
     """Bound off loopback with an admin token and a /v1 API key."""
-    config = _config(host="0.0.0.0", admin_token=ADMIN_TOKEN, api_keys=[API_KEY])
-    d = Daemon(tmp_path_factory.mktemp("guarded"), config).start()
-    yield d
-    d.stop()
+    return daemons.get(_config(host="0.0.0.0", admin_token=ADMIN_TOKEN, api_keys=[API_KEY]))
 
 
 @pytest.fixture(scope="module")
-def anonymous(tmp_path_factory: pytest.TempPathFactory):
+def anonymous(daemons):
     # A model name an operator typed, rendered in the page: it must come out escaped.
-    config = _config(name=HOSTILE_NAME, host="0.0.0.0", allow_anonymous_read=True)
-    d = Daemon(tmp_path_factory.mktemp("anonymous"), config).start()
-    yield d
-    d.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    path = require_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    return daemons.get(_config(name=HOSTILE_NAME, host="0.0.0.0", allow_anonymous_read=True))
 
 
 # ---------------------------------------------------------------- HTML helpers
@@ -304,11 +286,11 @@ def _warm_up_chart(d: Daemon) -> None:
 
 
 @pytest.mark.browser
-def test_dashboard_breathes_under_load(daemon: Daemon, browser, tmp_path: Path) -> None:
+def test_dashboard_breathes_under_load(daemon: Daemon, pages, tmp_path: Path) -> None:
     screenshot = os.environ.get("MLXD_SCREENSHOT") == "1"
     if screenshot:
         _warm_up_chart(daemon)
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = pages(viewport={"width": 1280, "height": 900})
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
@@ -362,13 +344,11 @@ def test_dashboard_breathes_under_load(daemon: Daemon, browser, tmp_path: Path) 
     )
     assert shot.stat().st_size > 10_000
     assert not problems, f"console errors: {problems}"
-    page.close()
 
 
 @pytest.mark.browser
-def test_login_in_a_browser(guarded: Daemon, browser) -> None:
-    context = browser.new_context()
-    page = context.new_page()
+def test_login_in_a_browser(guarded: Daemon, pages) -> None:
+    page = pages()
     problems: list[str] = []
     page.on("pageerror", lambda e: problems.append(str(e)))
     page.goto(f"{guarded.url}/dashboard")
@@ -388,4 +368,3 @@ def test_login_in_a_browser(guarded: Daemon, browser) -> None:
     )
     assert COOKIE not in page.evaluate("document.cookie")  # HttpOnly
     assert not problems, problems
-    context.close()

@@ -56,21 +56,31 @@ def _config(model_dir: Path) -> str:
     return "# written by hand, with a comment\n" + body
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
-    d = Daemon(
-        tmp_path_factory.mktemp("editor"), _config(tiny_models("llama")), args=["--host", "0.0.0.0"]
-    )
-    # What a write killed between creating its temp file and renaming it leaves behind.
-    d.strays = [d.workdir / ".mlxd.toml.k1ll3d.tmp", d.workdir / ".mlxd.toml.history" / ".x.tmp"]
-    d.strays[1].parent.mkdir()
-    for stray in d.strays:
+def _strays(workdir: Path) -> list[Path]:
+    """What a write killed between creating its temp file and renaming it leaves behind."""
+    return [workdir / ".mlxd.toml.k1ll3d.tmp", workdir / ".mlxd.toml.history" / ".x.tmp"]
+
+
+def _leave_strays(workdir: Path) -> None:
+    strays = _strays(workdir)
+    strays[1].parent.mkdir()
+    for stray in strays:
         stray.write_text("[batch]\nsi")
-    d.keep = d.workdir / "notes.tmp"  # not ours: stays
-    d.keep.write_text("x")
-    d.start()
-    yield d
-    d.stop()
+    (workdir / "notes.tmp").write_text("x")  # not ours: stays
+
+
+@pytest.fixture(scope="module")
+def daemon(daemons, tiny_models):
+    # Its own: the editor rewrites its config file.
+    d = daemons.get(
+        _config(tiny_models("llama")),
+        name="editor",
+        args=["--host", "0.0.0.0"],
+        prepare=_leave_strays,
+    )
+    d.strays = _strays(d.workdir)
+    d.keep = d.workdir / "notes.tmp"
+    return d
 
 
 class Editor:

@@ -14,33 +14,18 @@ from __future__ import annotations
 import pytest
 
 from mlxd.dashboard import configfile
-from tests.support.browser import CHROMIUM_ARGS, require_browser
 from tests.support.daemon import Daemon, toml_config
 
 WAIT_MS = 10_000
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
+def daemon(daemons, tiny_models):
     config = "# tuned by hand\n" + toml_config(
         model={"path": str(tiny_models("llama"))}, batch={"size": 2, "kv_budget": "16MiB"}
     )
-    d = Daemon(tmp_path_factory.mktemp("editor-browser"), config).start()
-    yield d
-    d.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    path = require_browser()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("the playwright package is missing")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    # Its own: the editor rewrites its config file.
+    return daemons.get(config, name="editor-browser")
 
 
 def _field(page, name: str) -> str:
@@ -70,8 +55,8 @@ def _submit(page, button: str, outcome: str) -> None:
 
 
 @pytest.mark.browser
-def test_edit_apply_conflict_and_rollback_in_a_browser(daemon: Daemon, browser) -> None:
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+def test_edit_apply_conflict_and_rollback_in_a_browser(daemon: Daemon, pages) -> None:
+    page = pages(viewport={"width": 1280, "height": 900})
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(str(e)))

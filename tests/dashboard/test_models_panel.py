@@ -26,7 +26,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import ROOT
-from tests.support.browser import CHROMIUM_ARGS, require_browser
 from tests.support.daemon import Daemon, toml_config
 
 ADMIN_TOKEN = "adm-models-panel-token"
@@ -37,7 +36,7 @@ WAIT_MS = 30_000
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
+def daemon(daemons, tiny_models):
     small = {"prompt_cache": {"max_bytes": "1MiB"}, "batch": {"size": 2, "kv_budget": "8MiB"}}
     config = toml_config(
         server={"admin_token": ADMIN_TOKEN, "allow_anonymous_read": True},
@@ -50,10 +49,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
         },
         sampling={"temperature": 0.0},
     )
-    d = Daemon(tmp_path_factory.mktemp("models-panel"), config, args=["--host", "0.0.0.0"])
-    d.start()
-    yield d
-    d.stop()
+    # Its own: the tests load and unload its models in file order.
+    return daemons.get(config, name="models-panel", args=["--host", "0.0.0.0"])
 
 
 class Panel:
@@ -270,21 +267,9 @@ def _info_labels(samples: dict, model: str) -> dict[str, str]:
 # ---------------------------------------------------------------- browser
 
 
-@pytest.fixture(scope="module")
-def browser():
-    path = require_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 @pytest.mark.browser
-def test_unload_and_load_in_a_browser(daemon: Daemon, browser) -> None:
-    context = browser.new_context(extra_http_headers=ADMIN, viewport={"width": 1280, "height": 900})
-    page = context.new_page()
+def test_unload_and_load_in_a_browser(daemon: Daemon, pages) -> None:
+    page = pages(extra_http_headers=ADMIN, viewport={"width": 1280, "height": 900})
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
@@ -324,4 +309,3 @@ def test_unload_and_load_in_a_browser(daemon: Daemon, browser) -> None:
     refusal = "the server responded with a status of 409"
     assert sum(refusal in p for p in problems) == 1, problems
     assert not [p for p in problems if refusal not in p], problems
-    context.close()

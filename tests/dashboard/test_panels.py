@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from tests.support import ROOT
-from tests.support.browser import CHROMIUM_ARGS, require_browser
 from tests.support.daemon import Daemon, toml_config
+from tests.support.tinymodels import tiny_model_dir
 
 HOSTILE = "<script>window.pwned=1</script>"
 WAIT_MS = 20_000
@@ -32,23 +32,9 @@ def _config(model_dir: Path, **batch: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
-    d = Daemon(tmp_path_factory.mktemp("panels"), _config(tiny_models("llama")))
-    d.start()
-    d.model_dir = tiny_models("llama")
-    yield d
-    d.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    path = require_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+def daemon(daemons, tiny_models):
+    # Its own: a test writes a hostile key into its config.
+    return daemons.get(_config(tiny_models("llama")), name="panels")
 
 
 def _chat(d: Daemon, max_tokens: int, stream: bool = False) -> None:
@@ -87,16 +73,16 @@ def _text(page, selector: str) -> str:
 
 
 @pytest.mark.browser
-def test_panels_at_desktop_and_phone_widths(daemon: Daemon, browser, tmp_path: Path) -> None:
+def test_panels_at_desktop_and_phone_widths(daemon: Daemon, pages, tmp_path: Path) -> None:
     # Finished requests for the latency panel, and a warning whose text is hostile:
     # a rejected reload logs the unknown key, which the log tail must escape.
     for _ in range(3):
         _chat(daemon, 24)
-    daemon.write_config(_config(daemon.model_dir) + f'"{HOSTILE}" = 1\n')
+    daemon.write_config(_config(tiny_model_dir("llama")) + f'"{HOSTILE}" = 1\n')
     assert daemon.reload().status_code == 400
-    daemon.write_config(_config(daemon.model_dir))
+    daemon.write_config(_config(tiny_model_dir("llama")))
 
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = pages(viewport={"width": 1280, "height": 900})
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
@@ -128,7 +114,7 @@ def test_panels_at_desktop_and_phone_widths(daemon: Daemon, browser, tmp_path: P
     )
     _shot(page, "dashboard-panels.png", tmp_path)
 
-    phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
+    phone = pages(viewport={"width": 390, "height": 844}, device_scale_factor=2)
     phone.on("pageerror", lambda e: problems.append(str(e)))
     phone.goto(f"{daemon.url}/dashboard")
     row = phone.locator("#active-rows tbody tr").first
@@ -153,5 +139,3 @@ def test_panels_at_desktop_and_phone_widths(daemon: Daemon, browser, tmp_path: P
     for t in threads:
         t.join(timeout=180)
     assert not problems, f"console errors: {problems}"
-    page.close()
-    phone.close()

@@ -262,6 +262,7 @@ def test_q4_answers_paris(q4_model) -> None:
     assert "Paris" in answer, answer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "text",
     [
@@ -285,6 +286,7 @@ def test_tokenizer_round_trips(q4_model, text: str) -> None:
     assert detokenizer.text == text
 
 
+@pytest.mark.slow
 def test_tokenizer_ids(q4_model) -> None:
     tokenizer = q4_model[1]
     assert tokenizer.encode("Hello world") == [19556, 905]
@@ -296,6 +298,7 @@ def test_tokenizer_ids(q4_model) -> None:
     assert tokenizer.eos_token_ids == {2}
 
 
+@pytest.mark.slow
 def test_chat_template_uses_special_tokens(q4_model) -> None:
     tokenizer = q4_model[1]
     ids = tokenizer.apply_chat_template(FRANCE, add_generation_prompt=True)

@@ -9,21 +9,19 @@ import time
 import httpx
 import pytest
 
-from tests.support.daemon import Daemon, toml_config
+from tests.support.daemon import toml_config
 
 BATCH = 3
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_models):
+def daemon(daemons, tiny_models):
     text = toml_config(
         model={"path": str(tiny_models("llama"))},
         batch={"size": BATCH},
         sampling={"temperature": 0.0},
     )
-    d = Daemon(tmp_path_factory.mktemp("batching"), text, env={"MLXD_FAULT_INJECTION": "1"}).start()
-    yield d
-    d.stop()
+    return daemons.get(text, env={"MLXD_FAULT_INJECTION": "1"})
 
 
 async def sse(client: httpx.AsyncClient, body: dict, *, stop_after: int | None = None) -> dict:
@@ -154,7 +152,7 @@ def test_a_row_whose_logits_processor_raises_fails_alone(daemon):
 
 
 @pytest.fixture(scope="module")
-def budgeted(tmp_path_factory, tiny_models):
+def budgeted(daemons, tiny_models):
     # tiny llama: 1 KiB per token per row; each request below projects 256 slots (256 KiB)
     budget = 2 * 256 * 1024
     text = toml_config(
@@ -162,9 +160,7 @@ def budgeted(tmp_path_factory, tiny_models):
         batch={"size": 8, "kv_budget": budget, "decode_allowance": 100},
         sampling={"temperature": 0.0},
     )
-    d = Daemon(tmp_path_factory.mktemp("budget"), text).start()
-    yield d, budget
-    d.stop()
+    return daemons.get(text), budget
 
 
 def test_real_kv_bytes_never_exceed_a_small_budget(budgeted):

@@ -31,15 +31,13 @@ def registry(tiny_models, tiny_embedding_model) -> dict:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_models, tiny_embedding_model):
+def daemon(daemons, tiny_models, tiny_embedding_model):
     config = toml_config(
         models=registry(tiny_models, tiny_embedding_model),
         server={"api_keys": [KEY]},
         limits={"max_body_bytes": 8 * 1024 * 1024},
     )
-    d = Daemon(tmp_path_factory.mktemp("embeddings"), config).start()
-    yield d
-    d.stop()
+    return daemons.get(config)
 
 
 @pytest.fixture(scope="module")

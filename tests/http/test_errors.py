@@ -12,16 +12,14 @@ from tests.support.daemon import Daemon, toml_config
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_models):
+def daemon(daemons, tiny_models):
     config = toml_config(
         model={"path": str(tiny_models("llama")), "max_context": 64},
         batch={"size": 2},
         limits={"max_body_bytes": 2048, "max_tokens": 64},
         sampling={"temperature": 0.0},
     )
-    d = Daemon(tmp_path_factory.mktemp("errors"), config).start()
-    yield d
-    d.stop()
+    return daemons.get(config)
 
 
 @pytest.fixture(scope="module")
@@ -208,13 +206,11 @@ def test_health_and_ready(http):
 
 
 @pytest.fixture(scope="module")
-def keyed(tmp_path_factory, tiny_models):
+def keyed(daemons, tiny_models):
     config = toml_config(
         model={"path": str(tiny_models("llama"))}, server={"api_keys": ["sk-one", "sk-two"]}
     )
-    d = Daemon(tmp_path_factory.mktemp("keys"), config).start()
-    yield d
-    d.stop()
+    return daemons.get(config)
 
 
 def test_api_keys_guard_v1(keyed):

@@ -15,13 +15,13 @@ import time
 import httpx
 import pytest
 
-from tests.support.daemon import Daemon, toml_config
+from tests.support.daemon import toml_config
 
 ALLOWED = "box.lan"
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_models):
+def daemon(daemons, tiny_models):
     config = toml_config(
         server={"allowed_hosts": [ALLOWED, "*.proxy.example"]},
         model={"path": str(tiny_models("llama"))},
@@ -29,9 +29,8 @@ def daemon(tmp_path_factory, tiny_models):
         limits={"max_queued": 8, "header_timeout": 1.0, "body_timeout": 1.0},
         sampling={"temperature": 0.0},
     )
-    d = Daemon(tmp_path_factory.mktemp("hardening"), config).start()
-    yield d
-    d.stop()
+    # Its own: a test rewrites its config and reads its log.
+    return daemons.get(config, name="hardening")
 
 
 @pytest.fixture(scope="module")

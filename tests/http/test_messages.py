@@ -11,7 +11,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.support.daemon import Daemon, toml_config
+from tests.support.daemons import DEMO_SDK
 
 pytestmark = pytest.mark.slow
 
@@ -20,15 +20,9 @@ STORY = [{"role": "user", "content": "Write a long story about a dragon who love
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    config = toml_config(
-        batch={"size": 4},
-        sampling={"max_tokens": 48},
-        model={"aliases": ["claude-*"]},
-    )
-    d = Daemon(tmp_path_factory.mktemp("messages"), config).start(timeout=900)
-    yield d
-    d.stop()
+def daemon(daemons):
+    # The demo daemon the SDK modules share (gpt-5* and claude-* aliases, max_stored 3).
+    return daemons.get(DEMO_SDK)
 
 
 @pytest.fixture(scope="module")

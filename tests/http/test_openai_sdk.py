@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.daemon import Daemon, toml_config
+from tests.support.daemons import DEMO_SDK
 
 pytestmark = pytest.mark.slow
 
@@ -14,11 +14,9 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    config = toml_config(batch={"size": 4}, sampling={"max_tokens": 48})
-    d = Daemon(tmp_path_factory.mktemp("demo"), config).start(timeout=900)
-    yield d
-    d.stop()
+def daemon(daemons):
+    # The demo daemon the SDK modules share (gpt-5* and claude-* aliases, max_stored 3).
+    return daemons.get(DEMO_SDK)
 
 
 @pytest.fixture(scope="module")

@@ -30,10 +30,9 @@ def config(**server: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory):
-    d = Daemon(tmp_path_factory.mktemp("think"), config()).start()
-    yield d
-    d.stop()
+def daemon(daemons):
+    # Its own: a test reloads it with other reasoning fields.
+    return daemons.get(config(), name="think")
 
 
 def chat(d: Daemon, **body: Any) -> httpx.Response:

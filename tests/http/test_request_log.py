@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.support.daemon import Daemon, toml_config
+from tests.support.tinymodels import tiny_model_dir
 
 LINE = re.compile(r"INFO    mlxd\.requests: (.*)$", re.M)
 
@@ -23,16 +24,13 @@ def _config(model_dir, **server) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_models):
-    d = Daemon(tmp_path_factory.mktemp("request-log"), _config(tiny_models("llama")))
-    d.start()
-    d.model_dir = tiny_models("llama")
-    yield d
-    d.stop()
+def daemon(daemons, tiny_models):
+    # Its own: the tests reconfigure it and count lines in its log.
+    return daemons.get(_config(tiny_models("llama")), name="request-log")
 
 
 def _reconfigure(d: Daemon, **server) -> None:
-    d.write_config(_config(d.model_dir, **server))
+    d.write_config(_config(tiny_model_dir("llama"), **server))
     assert d.reload().json()["outcome"] in ("applied", "unchanged")
 
 

@@ -7,7 +7,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.daemon import Daemon, toml_config
+from tests.support.daemons import DEMO_SDK
 
 pytestmark = pytest.mark.slow
 
@@ -15,16 +15,9 @@ FRANCE = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    config = toml_config(
-        batch={"size": 4},
-        sampling={"max_tokens": 48},
-        responses={"max_stored": 3},
-        model={"aliases": ["gpt-5*"]},
-    )
-    d = Daemon(tmp_path_factory.mktemp("responses"), config).start(timeout=900)
-    yield d
-    d.stop()
+def daemon(daemons):
+    # The demo daemon the SDK modules share (gpt-5* and claude-* aliases, max_stored 3).
+    return daemons.get(DEMO_SDK)
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,14 @@ MSG = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_models):
+def daemon(daemons, tiny_models):
     config = toml_config(
         server={"api_keys": [KEY]},
         model={"path": str(tiny_models("llama")), "name": "tiny"},
         batch={"size": 1},
         limits={"max_queued": 1, "max_body_bytes": 4096, "max_tokens": 256},
     )
-    env = {"MLXD_FAULT_INJECTION": "1"}
-    d = Daemon(tmp_path_factory.mktemp("agent-errors"), config, env=env).start()
-    yield d
-    d.stop()
+    return daemons.get(config, env={"MLXD_FAULT_INJECTION": "1"})
 
 
 def claude(d: Daemon, key: str = KEY) -> anthropic.Anthropic:

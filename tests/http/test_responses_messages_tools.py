@@ -19,8 +19,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.support.daemon import Daemon, toml_config
-from tests.support.tinymodels import tiny_model_dir
+from tests.support.daemon import Daemon
+from tests.support.daemons import tools_config
 
 MODEL = "tiny-tools"
 
@@ -56,19 +56,9 @@ ANSWER_SCHEMA = {
 }
 
 
-def _daemon(tmp_path_factory, template: str) -> Daemon:
-    config = toml_config(
-        model={"path": str(tiny_model_dir("llama", template=template)), "name": MODEL},
-        batch={"size": 4, "kv_budget": "128MiB"},
-    )
-    return Daemon(tmp_path_factory.mktemp(template), config).start()
-
-
 @pytest.fixture(scope="module")
-def hermes(tmp_path_factory):
-    d = _daemon(tmp_path_factory, "hermes")
-    yield d
-    d.stop()
+def hermes(daemons) -> Daemon:
+    return daemons.get(tools_config("hermes"))
 
 
 @pytest.fixture(scope="module")
@@ -399,10 +389,8 @@ def test_messages_bad_tools_are_typed_errors(claude):
 
 
 @pytest.fixture(scope="module")
-def thinker(tmp_path_factory):
-    d = _daemon(tmp_path_factory, "hermes_think")
-    yield d
-    d.stop()
+def thinker(daemons) -> Daemon:
+    return daemons.get(tools_config("hermes_think"))
 
 
 def test_reasoning_is_returned_as_reasoning_items_and_thinking_blocks(thinker):

@@ -28,15 +28,14 @@ MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory):
+def daemon(daemons):
     config = toml_config(
         server={"api_keys": [API_KEY], "admin_token": ADMIN_TOKEN},
         model={"path": str(tiny_model_dir("llama")), "name": MODEL},
         batch={"size": BATCH},
     )
-    d = Daemon(tmp_path_factory.mktemp("stats"), config).start()
-    yield d
-    d.stop()
+    # Its own: the counters must add up from zero, and a test sends SIGHUP.
+    return daemons.get(config, name="stats")
 
 
 # ---------------------------------------------------------------- helpers

@@ -47,18 +47,15 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory):
-    work = tmp_path_factory.mktemp("demo-tools")
-    template = work / "hermes.jinja"
+def daemon(daemons, tmp_path_factory: pytest.TempPathFactory):
+    template = tmp_path_factory.mktemp("demo-tools") / "hermes.jinja"
     template.write_text(TEMPLATES["hermes"][0])
     config = toml_config(
         model={"chat_template": str(template), "tool_parser": "json_tools"},
         batch={"size": 4},
         sampling={"max_tokens": 96},
     )
-    d = Daemon(work, config).start(timeout=900)
-    yield d
-    d.stop()
+    return daemons.get(config)
 
 
 @pytest.fixture(scope="module")

@@ -17,26 +17,16 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.support.daemon import Daemon, toml_config
+from tests.support.daemon import Daemon
+from tests.support.daemons import tools_config
 from tests.support.schemas import JSON_SCHEMAS
-from tests.support.tinymodels import tiny_model_dir
 
 MODEL = "tiny-tools"
 
 
-def _daemon(tmp_path_factory: pytest.TempPathFactory, template: str, **batch: Any) -> Daemon:
-    config = toml_config(
-        model={"path": str(tiny_model_dir("llama", template=template)), "name": MODEL},
-        batch={"size": 8, "kv_budget": "128MiB", **batch},
-    )
-    return Daemon(tmp_path_factory.mktemp(template), config).start()
-
-
 @pytest.fixture(scope="module")
-def hermes(tmp_path_factory: pytest.TempPathFactory):
-    d = _daemon(tmp_path_factory, "hermes")
-    yield d
-    d.stop()
+def hermes(daemons) -> Daemon:
+    return daemons.get(tools_config("hermes"))
 
 
 def chat(d: Daemon, content: str = "hello", **body: Any) -> httpx.Response:
@@ -312,23 +302,20 @@ def test_bad_tool_and_schema_requests_get_400s_and_the_daemon_serves_on(hermes: 
 # ---------------------------------------------------------------- a second format
 
 
-def test_mistral_format_forced_call(tmp_path_factory: pytest.TempPathFactory):
-    d = _daemon(tmp_path_factory, "mistral")
-    try:
-        (entry,) = httpx.get(f"{d.url}/v1/models").json()["data"]
-        assert entry["capabilities"]["tool_format"] == "mistral"
-        r = chat(d, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=80)
-        choice = r.json()["choices"][0]
-        assert choice["finish_reason"] == "tool_calls", choice
-        (call,) = choice["message"]["tool_calls"]
-        check_call(call)
-        assert not choice["message"]["content"]
-        streamed = stream_chat(
-            d, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=80
-        )
-        assert streamed["calls"] == [(call["function"]["name"], call["function"]["arguments"])]
-    finally:
-        d.stop()
+def test_mistral_format_forced_call(daemons):
+    d = daemons.get(tools_config("mistral"))
+    (entry,) = httpx.get(f"{d.url}/v1/models").json()["data"]
+    assert entry["capabilities"]["tool_format"] == "mistral"
+    r = chat(d, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=80)
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    (call,) = choice["message"]["tool_calls"]
+    check_call(call)
+    assert not choice["message"]["content"]
+    streamed = stream_chat(
+        d, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=80
+    )
+    assert streamed["calls"] == [(call["function"]["name"], call["function"]["arguments"])]
 
 
 def test_stats_and_dashboard_mark_constrained_rows(hermes: Daemon):

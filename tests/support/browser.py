@@ -1,9 +1,25 @@
-"""The headless Chromium the dashboard tests drive (through Playwright)."""
+"""The headless Chromium the dashboard tests drive (through Playwright): one per session.
+
+Fixtures (registered in ``tests/conftest.py``):
+
+- ``browser``: the session's Chromium (``playwright.sync_api.Browser``), launched at
+  the first test that asks for it with :data:`CHROMIUM_ARGS`;
+- ``pages``: a factory ``pages(**context_options) -> Page`` of pages in fresh
+  browser contexts (own cookies), all closed when the test ends.
+
+Playwright's sync API keeps an event loop running on the main thread while it is
+started, so ``asyncio.run`` fails meanwhile: Chromium is closed right after the
+last test that uses it (and the browser tests live together, in tests/dashboard).
+Without Chromium the tests skip, unless ``MLXD_REQUIRE_BROWSER=1`` (CI) makes that
+a failure.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -19,6 +35,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Chromium", "browser", "pages", "require_browser"]
+
 
 def require_browser() -> str:
     """The Chromium binary, or skip (fail under CI, where MLXD_REQUIRE_BROWSER=1)."""
@@ -33,3 +51,111 @@ def require_browser() -> str:
     if os.environ.get("MLXD_REQUIRE_BROWSER") == "1":
         pytest.fail(message)
     pytest.skip(message)
+
+
+class Chromium:
+    """Playwright and one Chromium, started on first use and closed on demand."""
+
+    def __init__(self) -> None:
+        self._playwright: Any = None
+        self._browser: Any = None
+        self.launches = 0
+
+    def get(self) -> Any:
+        if self._browser is None:
+            path = require_browser()
+            try:
+                from playwright.sync_api import sync_playwright
+            except ImportError:
+                message = "the playwright package is missing"
+                if os.environ.get("MLXD_REQUIRE_BROWSER") == "1":
+                    pytest.fail(message)
+                pytest.skip(message)
+            self._playwright = sync_playwright().start()
+            try:
+                self._browser = self._playwright.chromium.launch(
+                    executable_path=path, args=CHROMIUM_ARGS
+                )
+            except BaseException:
+                self.close()
+                raise
+            self.launches += 1
+        return self._browser
+
+    def close(self) -> None:
+        browser, playwright = self._browser, self._playwright
+        self._browser = self._playwright = None
+        try:
+            if browser is not None:
+                browser.close()
+        finally:
+            if playwright is not None:
+                playwright.stop()
+
+
+_CHROMIUM = pytest.StashKey[Chromium]()
+_LAST_USER = pytest.StashKey[str]()
+
+
+def _chromium(config: pytest.Config) -> Chromium:
+    if _CHROMIUM not in config.stash:
+        config.stash[_CHROMIUM] = Chromium()
+    return config.stash[_CHROMIUM]
+
+
+def _uses_browser(item: pytest.Item) -> bool:
+    return "browser" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Check the ``browser`` marker against the fixture; note the last test using Chromium."""
+    wrong = [
+        i.nodeid
+        for i in session.items
+        if _uses_browser(i) != (i.get_closest_marker("browser") is not None)
+    ]
+    if wrong:
+        raise pytest.UsageError(
+            "a test uses the browser (or pages) fixture exactly when it is marked "
+            f"@pytest.mark.browser; these are not: {', '.join(wrong)}"
+        )
+    users = [i.nodeid for i in session.items if _uses_browser(i)]
+    if users:
+        session.config.stash[_LAST_USER] = users[-1]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        # After the last browser test (its pages are closed by now), or at the very end.
+        if nextitem is None or item.nodeid == item.config.stash.get(_LAST_USER, None):
+            _chromium(item.config).close()
+
+
+@pytest.fixture
+def browser(request: pytest.FixtureRequest) -> Any:
+    """The session's headless Chromium (a Playwright ``Browser``)."""
+    return _chromium(request.config).get()
+
+
+@pytest.fixture
+def pages(browser: Any) -> Iterator[Callable[..., Any]]:
+    """``pages(**context_options)``: a new page in its own context; closed after the test."""
+    contexts: list[Any] = []
+
+    def new_page(**context_options: Any) -> Any:
+        context = browser.new_context(**context_options)
+        contexts.append(context)
+        return context.new_page()
+
+    yield new_page
+    for context in contexts:
+        context.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    chromium = config.stash.get(_CHROMIUM, None)
+    if chromium is not None and chromium.launches:
+        terminalreporter.write_line(f"browser: Chromium launched {chromium.launches} time(s)")

@@ -3,6 +3,10 @@
 Each rank is the real ``python -m mlxd serve`` with the same config file and
 its own ``MLX_RANK``, as one service unit per host would run it (no
 launcher). Rank 0 serves HTTP; the others serve nothing.
+
+The ``clusters`` fixture (module scope) is the factory for a module's cluster:
+``clusters(model, world=2, **sections)`` starts one and stops it when the module
+ends. Tests that kill or never fully start ranks build a :class:`Cluster` directly.
 """
 
 from __future__ import annotations
@@ -10,10 +14,15 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.daemon import Daemon, free_port, toml_config
+
+__all__ = ["Cluster", "cluster_config", "clusters", "write_hostfile"]
 
 
 def write_hostfile(workdir: Path, world: int) -> Path:
@@ -86,3 +95,20 @@ class Cluster:
                     daemon.proc.send_signal(signal.SIGKILL)
             codes.append(daemon.stop(timeout=10))
         return codes
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Cluster]]:
+    """``clusters(model, world=2, **sections)``: a started cluster, stopped with the module."""
+    started: list[Cluster] = []
+
+    def start(model: Path, world: int = 2, **sections: dict[str, Any]) -> Cluster:
+        work = tmp_path_factory.mktemp("cluster")
+        config = cluster_config(model, write_hostfile(work, world), **sections)
+        cluster = Cluster(work, config, world).start()
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()  # a no-op for one a test already stopped

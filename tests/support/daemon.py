@@ -67,6 +67,7 @@ class Daemon:
             self.env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         self.args = args or []
         self.proc: subprocess.Popen | None = None
+        self._terminated = False
 
     def start(self, timeout: float = 300.0, *, wait_ready: bool = True) -> Daemon:
         cmd = [sys.executable, "-m", "mlxd", "serve", "--config", str(self.config_path)]
@@ -74,6 +75,7 @@ class Daemon:
             cmd += ["--port", str(self.port)]
         cmd += self.args
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._terminated = False
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         _STARTED.append(self)
         if wait_ready:
@@ -134,12 +136,18 @@ class Daemon:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def terminate(self) -> None:
+        """Send SIGTERM once, without waiting (a second SIGTERM makes mlxd exit at once)."""
+        if self.proc is not None and self.proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM and wait; SIGKILL if it does not exit. Returns the exit code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -1,8 +1,6 @@
 """Pytest fixtures for the tiny random-weight mlx-lm models in ``tests/support/tinymodels.py``.
 
-Make them visible to every test by importing them in ``tests/conftest.py``::
-
-    from tests.support.fixtures import tiny_loaded, tiny_model_path, tiny_models  # noqa: F401
+Every test sees them: ``tests/conftest.py`` registers this module in ``pytest_plugins``.
 
 Fixtures:
 

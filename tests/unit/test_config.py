@@ -256,6 +256,7 @@ def test_serve_with_a_missing_config_file_exits_with_the_reason(tmp_path):
     assert str(missing) in done.stderr and "file not found" in done.stderr
 
 
+@pytest.mark.slow
 def test_demo_model_cli_prints_a_loadable_directory():
     done = subprocess.run(
         [sys.executable, "-m", "mlxd", "demo-model", "--dtype", "q4"],

@@ -1,5 +1,5 @@
-"""Docs are tested: every route the app serves is in docs/api.md; the docs
-name only files that exist."""
+"""Docs are tested: every route the app serves is in docs/api.md, every test file
+is on docs/testing.md's map; the docs name only files that exist."""
 
 from __future__ import annotations
 
@@ -75,3 +75,15 @@ def test_relative_links_in_docs_and_readme_point_to_files():
             if not (page.parent / target).exists():
                 broken.append(f"{page.name}: {target}")
     assert not broken, broken
+
+
+def test_every_test_file_is_on_the_testing_map():
+    """docs/testing.md names each test file (in its layer's table) and each support module."""
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    files = sorted((ROOT / "tests").glob("*/test_*.py"))
+    support = sorted(p for p in (ROOT / "tests" / "support").glob("*.py") if p.stem != "__init__")
+    assert files and support
+    missing = [str(p.relative_to(ROOT)) for p in [*files, *support] if f"`{p.name}`" not in doc]
+    assert not missing, f"not on docs/testing.md's map: {missing}"
+    for path in files:
+        assert f"### `tests/{path.parent.name}`" in doc, f"no section for tests/{path.parent.name}"
