@@ -52,7 +52,7 @@ def body_bytes(body: dict[str, Any]) -> bytes:
 
 def decoded(body: dict[str, Any], kind: type[T]) -> T:
     """``body`` through the API's own decoder (the route's first step)."""
-    from mlxd.api.openai.schemas import decode
+    from mlxd.api.http.decode import decode
 
     return decode(body_bytes(body), kind)
 

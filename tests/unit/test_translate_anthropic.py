@@ -192,7 +192,7 @@ BAD = [
     ({"temperature": 2.5}, "invalid_value", "temperature"),
     ({"top_p": 0}, "invalid_value", "top_p"),
     ({"top_k": -1}, "invalid_value", "top_k"),
-    ({"stop_sequences": ["x"] * 17}, "invalid_value", "stop"),
+    ({"stop_sequences": ["x"] * 17}, "invalid_value", "stop_sequences"),
     ({"container": "c"}, "unsupported_parameter", "container"),
     ({"mcp_servers": [{"url": "x"}]}, "unsupported_parameter", "mcp_servers"),
     ({"mlxd_fault": "bad_logits"}, "invalid_value", "mlxd_fault"),

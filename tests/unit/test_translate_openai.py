@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from mlxd.api.openai.schemas import (
+from mlxd.api.http.decode import decode
+from mlxd.api.openai.schema import (
     ChatRequest,
     CompletionRequest,
     chat_request,
     completion_request,
-    decode,
 )
 from mlxd.engine import (
     ChatPrompt,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mlxd.api.openai.schemas import ChatRequest, chat_request
+from mlxd.api.openai.schema import ChatRequest, chat_request
 from mlxd.engine import GenerationRequest, ModelInfo
 from tests.support.translate import INFO, NO_TOOLS, SETTINGS, chat_prompt, decoded, refused
 
