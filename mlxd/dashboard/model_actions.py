@@ -50,7 +50,7 @@ def panel_state(request: Request, mlxd: AppState, admin: bool) -> dict[str, Any]
     replaced on the page's next full load (:func:`csrf_token`).
     """
     token = csrf_token(request)[0] if admin else ""
-    return {"fleet": mlxd.fleet.view().as_dict(), "actions": token or None}
+    return {"fleet": mlxd.fleet.status().as_dict(), "actions": token or None}
 
 
 def _html(html: str, status: int, outcome: str) -> Response[str]:
@@ -96,7 +96,7 @@ async def _model_id(request: Request, mlxd: AppState) -> tuple[str, dict[str, st
         raise DashboardRefused(400, "the form names no model (field 'model')")
     if len(model_id) > MAX_ID_CHARS:
         raise DashboardRefused(400, f"a model id is at most {MAX_ID_CHARS} characters")
-    view = mlxd.fleet.view()
+    view = mlxd.fleet.status()
     if view.get(model_id) is None:
         known = ", ".join(m.id for m in view.models) or "none"
         raise DashboardRefused(404, f"no model {model_id!r} is configured (configured: {known})")

@@ -1,6 +1,6 @@
 """The dashboard's models panel: every configured model against the memory budget.
 
-:func:`models_panel` takes the fleet's view as a dict (``FleetView.as_dict()``,
+:func:`models_panel` takes the fleet's view as a dict (``FleetStatus.as_dict()``,
 put in the dashboard state as ``fleet``) and returns what
 ``templates/partials/models.html`` shows: per model its state, what it holds
 (weights, KV, prompt cache) as a stacked bar against the ``[memory] budget``,
@@ -153,7 +153,7 @@ def _event(e: dict[str, Any], now: float) -> Formatted:
 
 
 def models_panel(s: dict[str, Any], now: float) -> Formatted:
-    """The models region; ``s["fleet"]`` is ``FleetView.as_dict()``, ``s["actions"]``
+    """The models region; ``s["fleet"]`` is ``FleetStatus.as_dict()``, ``s["actions"]``
     the CSRF token for an admin's buttons (None: no buttons)."""
     fleet = s["fleet"]
     budget = int(fleet["budget_bytes"] or 0)

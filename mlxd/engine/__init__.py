@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from mlxd.engine.channel import RequestHandle
 from mlxd.engine.checks import IntakeError, check_request
-from mlxd.engine.cluster.view import ClusterView
+from mlxd.engine.cluster.status import ClusterStatus
 from mlxd.engine.constraints import (
     TOOL_GRAMMAR_FORMATS,
     StructureError,
@@ -30,7 +30,7 @@ from mlxd.engine.embeddings.messages import (
 )
 from mlxd.engine.fleet.slot import Lease
 from mlxd.engine.fleet.values import STATES as MODEL_STATES
-from mlxd.engine.fleet.values import FleetEvent, FleetRefusal, FleetView, ModelState
+from mlxd.engine.fleet.values import FleetEvent, FleetRefusal, FleetStatus, ModelState
 from mlxd.engine.messages import (
     Accepted,
     Api,
@@ -67,7 +67,7 @@ __all__ = [
     "Accepted",
     "Api",
     "ChatPrompt",
-    "ClusterView",
+    "ClusterStatus",
     "Constraint",
     "Delta",
     "EmbeddingError",
@@ -83,7 +83,7 @@ __all__ = [
     "Fleet",
     "FleetEvent",
     "FleetRefusal",
-    "FleetView",
+    "FleetStatus",
     "GenerationRequest",
     "IntakeError",
     "LaneDecision",

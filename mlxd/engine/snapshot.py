@@ -11,12 +11,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlxd.engine.cluster.view import ClusterView
+from mlxd.engine.cluster.status import ClusterStatus
 from mlxd.engine.policy.drain import DrainEvent
 
 
 @dataclass(frozen=True)
-class ModelView:
+class ServedModel:
     name: str | None
     path: str | None
     family: str | None
@@ -31,7 +31,7 @@ class ModelView:
 
 
 @dataclass(frozen=True)
-class RowView:
+class RunningRow:
     id: str
     api: str  # chat | completions | responses | messages
     lane: str
@@ -53,7 +53,7 @@ class RowView:
 
 
 @dataclass(frozen=True)
-class PendingView:
+class WaitingRequest:
     id: str
     api: str
     lane: str
@@ -64,7 +64,7 @@ class PendingView:
 
 
 @dataclass(frozen=True)
-class BatchView:
+class BatchState:
     configured: int
     batched: bool
     active_rows: int
@@ -80,7 +80,7 @@ class BatchView:
 
 
 @dataclass(frozen=True)
-class PromptCacheView:
+class PromptCacheState:
     entries: int
     bytes: int
     max_bytes: int
@@ -95,13 +95,13 @@ class Snapshot:
     taken_at: float
     started_at: float
     state: str  # "starting" | "ready" | "stopping" | "stopped" | "failed"
-    model: ModelView
+    model: ServedModel
     mode: str
-    batch: BatchView
-    rows: tuple[RowView, ...]
-    pending: tuple[PendingView, ...]
+    batch: BatchState
+    rows: tuple[RunningRow, ...]
+    pending: tuple[WaitingRequest, ...]
     drains: tuple[DrainEvent, ...]
-    prompt_cache: PromptCacheView
+    prompt_cache: PromptCacheState
     counters: dict[str, Any]
     throughput: dict[str, Any]
     runtime: dict[str, Any]
@@ -114,7 +114,7 @@ class Snapshot:
     # Per time bucket: the most KV bytes and waiting requests seen (sparklines).
     history: dict[str, Any] = field(default_factory=dict)
     # The cluster section (docs/cluster.md); None on a single machine.
-    cluster: ClusterView | None = None
+    cluster: ClusterStatus | None = None
 
     def as_dict(self, now: float | None = None) -> dict[str, Any]:
         """The JSON shape of ``GET /stats`` (docs/api.md)."""

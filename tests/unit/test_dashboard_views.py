@@ -40,7 +40,7 @@ def test_a_full_batch_plus_the_serial_row_needs_no_explanation() -> None:
 
 
 def _fleet() -> dict[str, Any]:
-    from mlxd.engine.fleet.values import FleetEvent, FleetView, ModelState
+    from mlxd.engine.fleet.values import FleetEvent, FleetStatus, ModelState
 
     mib = 1024 * 1024
 
@@ -55,7 +55,7 @@ def _fleet() -> dict[str, Any]:
         }  # fmt: skip
         return ModelState(**{**fields, **kw})
 
-    view = FleetView(
+    view = FleetStatus(
         budget_bytes=64 * mib,
         used_bytes=24 * mib,
         models=(

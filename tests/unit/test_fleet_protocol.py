@@ -131,7 +131,7 @@ def test_both_kinds_load_unload_apply_and_stop_through_the_protocol(tmp_path):
                 lease = await fleet.acquire(name, kind)
                 assert lease.engine is engine and lease.info == Info(1000)
                 assert engine.calls[-1] == ("load", str(tmp_path / name))
-                state = fleet.view().get(name)
+                state = fleet.status().get(name)
                 assert state is not None and (state.state, state.weights_bytes) == ("loaded", 1000)
                 lease.release()
             with pytest.raises(FleetRefusal) as refused:

@@ -81,13 +81,13 @@ class OpenAIController(Controller):
 
     @get("/models")
     async def list_models(self, mlxd: Mlxd) -> dict[str, Any]:
-        return {"object": "list", "data": [model_json(m) for m in mlxd.fleet.view().models]}
+        return {"object": "list", "data": [model_json(m) for m in mlxd.fleet.status().models]}
 
     @get("/models/{model_id:path}")
     async def get_model(self, mlxd: Mlxd, model_id: FromPath[str]) -> dict[str, Any]:
-        model = mlxd.fleet.view().get(model_id.lstrip("/"))
+        model = mlxd.fleet.status().get(model_id.lstrip("/"))
         if model is None:
-            ids = ", ".join(m.id for m in mlxd.fleet.view().models)
+            ids = ", ".join(m.id for m in mlxd.fleet.status().models)
             raise OpenAIError(
                 404,
                 f"The model '{model_id.lstrip('/')}' does not exist (configured: {ids}).",

@@ -23,7 +23,7 @@ from mlxd import __version__
 from mlxd.api.reload_log import AppliedConfig
 
 if TYPE_CHECKING:
-    from mlxd.engine import ClusterView, Snapshot
+    from mlxd.engine import ClusterStatus, Snapshot
 
 LANES = ("batch", "serial")
 OUTCOMES = ("completed", "cancelled", "failed")
@@ -192,7 +192,7 @@ class SnapshotCollector(Collector):
             yield from _cluster_metrics(primary.cluster)
 
 
-def _cluster_metrics(cluster: ClusterView) -> Iterator[Metric]:
+def _cluster_metrics(cluster: ClusterStatus) -> Iterator[Metric]:
     """Only in a cluster (docs/cluster.md, "Metrics"): per-rank series carry ``rank``."""
     info = InfoMetricFamily("mlxd_cluster", "The cluster this rank 0 leads (always 1).")
     info.add_metric(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from mlxd.engine import MODEL_STATES, FleetView, ModelState
+from mlxd.engine import MODEL_STATES, FleetStatus, ModelState
 
 # (name, help, value from a ModelState): one series per configured model.
 ModelReader = Callable[["ModelState"], float]
@@ -40,14 +40,14 @@ MODEL_GAUGES: tuple[tuple[str, str, ModelReader], ...] = (
 class FleetCollector(Collector):
     """The memory budget and every configured model's place in it, once per scrape."""
 
-    def __init__(self, view: Callable[[], FleetView]):
-        self._view = view
+    def __init__(self, status: Callable[[], FleetStatus]):
+        self._status = status
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        view = self._view()
+        view = self._status()
         yield GaugeMetricFamily(
             "mlxd_memory_budget_bytes",
             "Bytes every model shares ([memory] budget): weights, KV and prompt caches.",

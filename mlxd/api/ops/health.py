@@ -28,7 +28,7 @@ class HealthController(Controller):
         snap = mlxd.engine.snapshot()
         now = time.time()
         cluster = snap.cluster
-        view = mlxd.fleet.view()
+        view = mlxd.fleet.status()
         snapshots = mlxd.fleet.snapshots()
         waiting = next((m for m in view.models if m.pinned and m.state != "loaded"), None)
         stalled = next((i for i, s in snapshots.items() if s.stalled(now)), None)

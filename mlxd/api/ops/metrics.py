@@ -42,7 +42,7 @@ from mlxd.api.ops.fleet_metrics import FleetCollector
 from mlxd.api.ops.recent import inter_token_s
 from mlxd.api.ops.stats import NO_STORE, read_guard
 from mlxd.api.state import AppState, Mlxd
-from mlxd.engine import Finished, FleetView
+from mlxd.engine import Finished, FleetStatus
 
 if TYPE_CHECKING:
     from mlxd.engine import Accepted, Failed, Snapshot
@@ -73,7 +73,7 @@ class Metrics:
         self.registry.register(
             SnapshotCollector(self.snapshots, self._primary, lambda: state.reload_log.config)
         )
-        self.registry.register(FleetCollector(state.fleet.view))
+        self.registry.register(FleetCollector(state.fleet.status))
         hist = self._histogram
         self.queue_wait = hist(
             "mlxd_queue_wait_seconds", "Arrival to admission, per completed request.", QUEUE_BUCKETS
@@ -114,14 +114,14 @@ class Metrics:
             registry=self.registry,
         )
         # Export zeros for the configured chat models before their first request.
-        for m in state.fleet.view().models:
+        for m in state.fleet.status().models:
             if m.kind == "chat":
                 self._zeros(m.id)
 
     def snapshots(self) -> dict[str, Snapshot]:
         """The engine snapshot of each loaded chat model, by id."""
         fleet = self._state.fleet
-        loaded = {m.id for m in fleet.view().models if m.state == "loaded"}
+        loaded = {m.id for m in fleet.status().models if m.state == "loaded"}
         return {i: snap for i, snap in fleet.snapshots().items() if i in loaded}
 
     def _primary(self) -> Snapshot:
@@ -158,7 +158,7 @@ class Metrics:
         with self._lock:
             for model, snap in self.snapshots().items():
                 self._observe_drains(model, snap)
-            self._count_events(self._state.fleet.view())
+            self._count_events(self._state.fleet.status())
             return generate_latest(self.registry)
 
     def _observe_drains(self, model: str, snap: Snapshot) -> None:
@@ -168,7 +168,7 @@ class Metrics:
             self.drain.labels(model).observe(event.paused_s or 0.0)
             self._drains_seen[model] = event.id
 
-    def _count_events(self, view: FleetView) -> None:
+    def _count_events(self, view: FleetStatus) -> None:
         """Add the fleet events counted since the last scrape."""
         for model, kind, total in view.event_totals:
             seen = self._events_seen.get((model, kind), 0)

@@ -61,5 +61,5 @@ class StatsController(Controller):
         """The current state (docs/api.md ("GET /stats"))."""
         body = daemon_stats(mlxd, time.time())
         # Every configured model, and the memory budget they share (docs/api.md).
-        body["fleet"] = mlxd.fleet.view().as_dict()
+        body["fleet"] = mlxd.fleet.status().as_dict()
         return Response(body, headers=NO_STORE)

@@ -110,9 +110,9 @@ class EngineCore:
         """MLX's allocator bytes; read on the engine thread, empty before a model loads."""
         if self.loaded is None:
             return {}
-        from mlxd.engine.chat.loading import memory_view
+        from mlxd.engine.chat.loading import allocator_bytes
 
-        return memory_view()
+        return allocator_bytes()
 
     # ------------------------------------------------------------ model and settings
 

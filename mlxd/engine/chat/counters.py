@@ -25,7 +25,7 @@ class Throughput:
         else:
             self._buckets.append((key, tokens))
 
-    def view(self, now: float) -> dict[str, Any]:
+    def rates(self, now: float) -> dict[str, Any]:
         """tok/s per bucket, oldest first, ending with the current (partial) bucket."""
         current = int(now // self.bucket_s)
         counts = dict(self._buckets)
@@ -59,7 +59,7 @@ class Peaks:
         else:
             self._buckets.append((key, kv_bytes, waiting))
 
-    def view(self, now: float) -> dict[str, Any]:
+    def history(self, now: float) -> dict[str, Any]:
         """Oldest first, ending with the current bucket; 0 where nothing was seen."""
         current = int(now // self.bucket_s)
         seen = {key: (kv, queue) for key, kv, queue in self._buckets}
@@ -103,7 +103,7 @@ class Counters:
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
-    def view(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["constrained_rows"] = sum(self.constrained_rows.values())
         out["constrained_by_kind"] = dict(self.constrained_rows)

@@ -160,7 +160,7 @@ class EngineThread:
             self.core.abort_all(failed.message, code=failed.code, status=failed.status)
             self._publish(state=failed.code)
         else:
-            self.snapshot = replace(self.snapshot, state=failed.code, cluster=self._hooks.view())
+            self.snapshot = replace(self.snapshot, state=failed.code, cluster=self._hooks.status())
         with self._channels_lock:
             channels = list(self._channels.values())
         for channel in channels:
@@ -374,7 +374,7 @@ class EngineThread:
                 state = "ready"
         core.sample_peaks()
         hooks = self._hooks
-        self.snapshot = build_snapshot(core, state=hooks.state(state), cluster=hooks.view())
+        self.snapshot = build_snapshot(core, state=hooks.state(state), cluster=hooks.status())
 
 
 def _drain_reason(command: Command) -> str | None:

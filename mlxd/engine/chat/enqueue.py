@@ -122,7 +122,7 @@ def _would_wait(core: EngineCore, lane: Lane) -> bool:
 
 def _retry_after(core: EngineCore, depth: int) -> int:
     """Seconds until the queue has likely moved: its tokens over the observed rate."""
-    rate = core.throughput.view(time.time())["last_minute_tps"]
+    rate = core.throughput.rates(time.time())["last_minute_tps"]
     if rate <= 0:
         return max(1, min(300, depth))
     return max(1, min(300, math.ceil(depth * core.avg_generated / rate)))

@@ -19,7 +19,7 @@ from mlxd.engine.chat.loading import LoadedModel, load_model
 from mlxd.engine.chat.prompt_cache import PromptCache
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.serial import SerialRun
-from mlxd.engine.cluster.view import ClusterView
+from mlxd.engine.cluster.status import ClusterStatus
 from mlxd.engine.messages import Failed
 
 # Ends every request with the value and shows it as the engine's state (any thread).
@@ -84,7 +84,7 @@ class ClusterHooks(Protocol):
         """The state the snapshot shows, given the engine's own."""
         ...
 
-    def view(self) -> ClusterView | None:
+    def status(self) -> ClusterStatus | None:
         """The snapshot's ``cluster`` section; None on one machine."""
         ...
 
@@ -141,7 +141,7 @@ class OneMachine:
     def state(self, engine_state: str) -> str:
         return engine_state
 
-    def view(self) -> ClusterView | None:
+    def status(self) -> ClusterStatus | None:
         return None
 
     def shutdown(self) -> None:

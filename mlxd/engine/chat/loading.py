@@ -282,7 +282,7 @@ def describe_dtype(model: Any, config: dict[str, Any]) -> str:
     return max(dtypes, key=dtypes.__getitem__) if dtypes else "unknown"
 
 
-def memory_view() -> dict[str, int]:
+def allocator_bytes() -> dict[str, int]:
     """MLX's allocator right now: active, peak (since start) and cached bytes."""
     return {
         "active_bytes": int(mx.get_active_memory()),

@@ -12,7 +12,7 @@ from typing import Any
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from mlxd.config import PromptCacheSettings
-from mlxd.engine.snapshot import PromptCacheView
+from mlxd.engine.snapshot import PromptCacheState
 
 
 class PromptCache:
@@ -71,8 +71,8 @@ class PromptCache:
     def clear(self) -> None:
         self._lru.trim_to(n_sequences=0)
 
-    def view(self, cached_tokens_served: int) -> PromptCacheView:
-        return PromptCacheView(
+    def state(self, cached_tokens_served: int) -> PromptCacheState:
+        return PromptCacheState(
             entries=len(self._lru),
             bytes=self._lru.nbytes,
             max_bytes=self._settings.max_bytes,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from mlxd.engine.cluster.view import ClusterView
+from mlxd.engine.cluster.status import ClusterStatus
 from mlxd.engine.policy import admission
 from mlxd.engine.snapshot import (
-    BatchView,
-    ModelView,
-    PendingView,
-    RowView,
+    BatchState,
+    RunningRow,
+    ServedModel,
     Snapshot,
+    WaitingRequest,
 )
 
 if TYPE_CHECKING:
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from mlxd.engine.chat.row import Row
 
 
-def _row_view(row: Row, now: float, kv_bytes: int, projected: int) -> RowView:
-    return RowView(
+def _running_row(row: Row, now: float, kv_bytes: int, projected: int) -> RunningRow:
+    return RunningRow(
         id=row.id,
         api=row.request.api,
         lane=row.lane,
@@ -41,7 +41,9 @@ def _row_view(row: Row, now: float, kv_bytes: int, projected: int) -> RowView:
     )
 
 
-def build_snapshot(core: EngineCore, *, state: str, cluster: ClusterView | None = None) -> Snapshot:
+def build_snapshot(
+    core: EngineCore, *, state: str, cluster: ClusterStatus | None = None
+) -> Snapshot:
     """One consistent, immutable view of ``core``; called on the engine thread."""
     now, wall = time.monotonic(), time.time()
     settings = core.settings
@@ -49,7 +51,7 @@ def build_snapshot(core: EngineCore, *, state: str, cluster: ClusterView | None 
     layout = loaded.layout if loaded else None
     step = settings.batch.prefill_step_size
 
-    rows: list[RowView] = []
+    rows: list[RunningRow] = []
     batch_rows = list(core.batch.rows.values()) if core.batch is not None else []
     batch_bytes = core.batch.nbytes if core.batch is not None else 0
     projected = (
@@ -58,13 +60,13 @@ def build_snapshot(core: EngineCore, *, state: str, cluster: ClusterView | None 
         else 0
     )
     n = max(len(batch_rows), 1)
-    rows.extend(_row_view(r, now, batch_bytes // n, projected // n) for r in batch_rows)
+    rows.extend(_running_row(r, now, batch_bytes // n, projected // n) for r in batch_rows)
     serial_bytes = 0
     if core.serial is not None:
         serial_bytes = core.serial.nbytes
         row = core.serial.row
         alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
-        rows.append(_row_view(row, now, serial_bytes, alone))
+        rows.append(_running_row(row, now, serial_bytes, alone))
         projected += alone
 
     pending = []
@@ -72,14 +74,14 @@ def build_snapshot(core: EngineCore, *, state: str, cluster: ClusterView | None 
     for row in core.pending:
         alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
         pending.append(
-            PendingView(
+            WaitingRequest(
                 row.id, row.request.api, "batch", row.received_wall, len(row.prompt), alone, blocked
             )
         )
     for row in core.serial_queue:
         alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
         pending.append(
-            PendingView(
+            WaitingRequest(
                 row.id,
                 row.request.api,
                 "serial",
@@ -98,7 +100,7 @@ def build_snapshot(core: EngineCore, *, state: str, cluster: ClusterView | None 
         taken_at=wall,
         started_at=core.started_wall,
         state=state,
-        model=ModelView(
+        model=ServedModel(
             name=info.id if info else None,
             path=info.path if info else None,
             family=info.family if info else None,
@@ -112,7 +114,7 @@ def build_snapshot(core: EngineCore, *, state: str, cluster: ClusterView | None 
             weights_bytes=info.weights_bytes if info else 0,
         ),
         mode="batch" if settings.batch.size > 1 else "serial",
-        batch=BatchView(
+        batch=BatchState(
             configured=settings.batch.size,
             batched=batched,
             active_rows=len(rows),
@@ -129,19 +131,19 @@ def build_snapshot(core: EngineCore, *, state: str, cluster: ClusterView | None 
         rows=tuple(rows),
         pending=tuple(pending),
         drains=core.drains.events(),
-        prompt_cache=core.prompt_cache.view(core.counters.cached_tokens),
+        prompt_cache=core.prompt_cache.state(core.counters.cached_tokens),
         counters={
-            **core.counters.view(),
+            **core.counters.as_dict(),
             "drains": core.drains.total,
             "drain_paused_seconds": round(core.drains.total_paused_s, 3),
         },
-        throughput=core.throughput.view(wall),
+        throughput=core.throughput.rates(wall),
         runtime=dict(core.runtime),
         last_step_at=core.last_step_wall,
         last_error=core.last_error,
         last_error_at=core.last_error_at,
         memory=core.memory(),
-        history=core.peaks.view(wall),
+        history=core.peaks.history(wall),
         busy=core.busy or core.intaking > 0,
         cluster=cluster,
     )

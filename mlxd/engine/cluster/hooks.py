@@ -29,7 +29,7 @@ from mlxd.engine.cluster.join import ClusterError
 from mlxd.engine.cluster.leader import Leader
 from mlxd.engine.cluster.plan import PeerLost
 from mlxd.engine.cluster.start import check_model, shard_loader, start_leader
-from mlxd.engine.cluster.view import ClusterView
+from mlxd.engine.cluster.status import ClusterStatus
 from mlxd.engine.cluster.watchdog import HEARTBEAT_S
 from mlxd.engine.messages import Failed
 
@@ -122,8 +122,8 @@ class LeaderHooks:
             return "peer_lost"
         return engine_state if state == "ready" else "starting"
 
-    def view(self) -> ClusterView | None:
-        return self._leader.view()
+    def status(self) -> ClusterStatus | None:
+        return self._leader.status()
 
     def shutdown(self) -> None:
         self._leader.shutdown()

@@ -48,7 +48,7 @@ from mlxd.engine.cluster.plan import (
     encode_plan,
     local_digest,
 )
-from mlxd.engine.cluster.view import ClusterEvent, ClusterState, ClusterView, RankView
+from mlxd.engine.cluster.status import ClusterEvent, ClusterState, ClusterStatus, RankStatus
 from mlxd.engine.cluster.watchdog import EXIT_LOST, HEARTBEAT_S, Watchdog
 
 logger = logging.getLogger(__name__)
@@ -222,14 +222,14 @@ class Leader:
 
     # ------------------------------------------------------------ view
 
-    def view(self) -> ClusterView:
+    def status(self) -> ClusterStatus:
         """The ``cluster`` section of /stats."""
         now = time.time()
         size = self.collectives.size if self.collectives else self.member.world
         age = round(now - self.last_contact, 3) if self.collectives else None
         ranks = tuple(self._rank_view(r, age) for r in range(size or 0))
         steps = max(self.checksum.steps, 1)
-        return ClusterView(
+        return ClusterStatus(
             backend=self.member.backend,
             world_size=size,
             rank=0,
@@ -247,10 +247,10 @@ class Leader:
             events=tuple(self.events),
         )
 
-    def _rank_view(self, rank: int, age: float | None) -> RankView:
+    def _rank_view(self, rank: int, age: float | None) -> RankStatus:
         digest = self.digests[rank] if rank < len(self.digests) else None
         addresses = self.member.addresses
-        return RankView(
+        return RankStatus(
             rank=rank,
             host=self.hosts[rank] if rank < len(self.hosts) else None,
             address=addresses[rank] if rank < len(addresses) else None,

@@ -13,9 +13,9 @@ import contextlib
 
 from mlxd.engine.fleet.loading import Loads
 from mlxd.engine.fleet.slots import Slots
+from mlxd.engine.fleet.status import state_of
 from mlxd.engine.fleet.unloading import Unloads
 from mlxd.engine.fleet.values import FleetRefusal, ModelState
-from mlxd.engine.fleet.views import state_of
 from mlxd.engine.messages import Failed
 
 

@@ -18,7 +18,7 @@ and the room they make in the budget (:mod:`~mlxd.engine.fleet.room`,
 :mod:`~mlxd.engine.fleet.memory`), unloads and keep_alive
 (:mod:`~mlxd.engine.fleet.unloading`), the admin actions
 (:mod:`~mlxd.engine.fleet.admin`), a reloaded registry
-(:mod:`~mlxd.engine.fleet.reload`) and the views (:mod:`~mlxd.engine.fleet.views`).
+(:mod:`~mlxd.engine.fleet.reload`) and the views (:mod:`~mlxd.engine.fleet.status`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from mlxd.engine.fleet.reload import RegistryReload
 from mlxd.engine.fleet.room import Room
 from mlxd.engine.fleet.slot import Lease, Slot, budget_bytes
 from mlxd.engine.fleet.slots import TICK_S, EngineMaker, Slots
+from mlxd.engine.fleet.status import chat_snapshots, fleet_view
 from mlxd.engine.fleet.unloading import Unloads
-from mlxd.engine.fleet.values import FleetView, ModelState
-from mlxd.engine.fleet.views import chat_snapshots, fleet_view
+from mlxd.engine.fleet.values import FleetStatus, ModelState
 from mlxd.engine.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class Fleet:
 
     # ------------------------------------------------------------ views
 
-    def view(self) -> FleetView:
+    def status(self) -> FleetStatus:
         return fleet_view(self._slots)
 
     def snapshots(self) -> dict[str, Snapshot]:

@@ -91,7 +91,7 @@ class Loads:
         if error is None:
             info = engine.info
             self._loaded(slot, info.weights_bytes if info else 0, time.monotonic() - started)
-            pool = slots.pool.view()
+            pool = slots.pool.usage()
             if pool.used > pool.budget:
                 logger.warning(
                     "the pinned models hold %s, more than [memory] budget (%s)",

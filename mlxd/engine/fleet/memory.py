@@ -28,7 +28,7 @@ class PoolEntry:
 
 
 @dataclass(frozen=True)
-class PoolView:
+class PoolUsage:
     budget: int
     used: int
     entries: tuple[PoolEntry, ...]
@@ -109,12 +109,12 @@ class MemoryPool:
             if model_id in self._fixed:
                 self._kv[model_id] = nbytes
 
-    def view(self) -> PoolView:
+    def usage(self) -> PoolUsage:
         with self._lock:
             entries = tuple(
                 PoolEntry(i, fixed, self._kv.get(i, 0)) for i, fixed in self._fixed.items()
             )
-            return PoolView(self._budget, self._used(), entries)
+            return PoolUsage(self._budget, self._used(), entries)
 
     def _used(self) -> int:
         return sum(self._fixed.values()) + sum(self._kv.values())

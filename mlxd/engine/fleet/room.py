@@ -35,7 +35,7 @@ class Room:
                 together exceed the budget, so the model can never load.
         """
         slots = self._slots
-        pool = slots.pool.view()
+        pool = slots.pool.usage()
         others = {s.id for s in slots.by_id.values() if s is not slot and s.pinned}
         pinned = sum(e.fixed + e.kv for e in pool.entries if e.model_id in others)
         budget = pool.budget
@@ -87,6 +87,6 @@ class Room:
         busy = [s.id for s in slots.by_id.values() if s.state == "loaded" and s.busy]
         return (
             f"waiting for memory: needs {format_bytes(need)}, "
-            f"{format_bytes(slots.pool.view().free)} free; "
+            f"{format_bytes(slots.pool.usage().free)} free; "
             f"in use: {', '.join(busy) or 'nothing evictable'}"
         )

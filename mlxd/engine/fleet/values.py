@@ -2,7 +2,7 @@
 
 The fleet (:mod:`mlxd.engine.fleet.fleet`) runs on the event loop and owns one
 slot per configured model; readers (``/v1/models``, ``/stats``, ``/metrics``,
-the dashboard) take :class:`FleetView`, rebuilt on demand, and never touch
+the dashboard) take :class:`FleetStatus`, rebuilt on demand, and never touch
 the slots. :class:`FleetRefusal` carries a request's refusal (unknown model,
 wrong kind, a load that failed, a model that can never fit) as the engine's
 :class:`~mlxd.engine.messages.Failed`, so every API renders it in its shape.
@@ -74,7 +74,7 @@ class ModelState:
 
 
 @dataclass(frozen=True)
-class FleetView:
+class FleetStatus:
     """Every configured model and the memory budget they share (``/stats`` ``models``)."""
 
     budget_bytes: int

@@ -1,7 +1,7 @@
 """What the fleet looks like from outside: its slots read into plain values.
 
 ``/v1/models``, ``/stats``, ``/metrics`` and the dashboard take a
-:class:`~mlxd.engine.fleet.values.FleetView` rebuilt on demand, one pool view
+:class:`~mlxd.engine.fleet.values.FleetStatus` rebuilt on demand, one pool view
 per fleet view. A model's kind decides what its row shows: a chat model's
 numbers come from its engine's ``Snapshot``, an embedding model's are its
 ``EmbeddingSnapshot`` as is.
@@ -13,10 +13,10 @@ from dataclasses import asdict
 from typing import Any
 
 from mlxd.config.registry import default_id
-from mlxd.engine.fleet.memory import PoolView
+from mlxd.engine.fleet.memory import PoolUsage
 from mlxd.engine.fleet.slot import Slot
 from mlxd.engine.fleet.slots import Slots
-from mlxd.engine.fleet.values import FleetView, ModelState
+from mlxd.engine.fleet.values import FleetStatus, ModelState
 from mlxd.engine.snapshot import Snapshot
 
 # What a loaded model can do, from its info record (ModelInfo or EmbeddingInfo).
@@ -35,10 +35,10 @@ _CAPABILITIES = (
 )
 
 
-def fleet_view(slots: Slots) -> FleetView:
+def fleet_view(slots: Slots) -> FleetStatus:
     """Every configured model and the budget they share."""
-    pool = slots.pool.view()
-    return FleetView(
+    pool = slots.pool.usage()
+    return FleetStatus(
         budget_bytes=pool.budget,
         used_bytes=pool.used,
         models=tuple(state_of(slots, s, pool) for s in slots.by_id.values()),
@@ -58,13 +58,13 @@ def chat_snapshots(slots: Slots) -> dict[str, Snapshot]:
     return out
 
 
-def state_of(slots: Slots, slot: Slot, pool: PoolView | None = None) -> ModelState:
+def state_of(slots: Slots, slot: Slot, pool: PoolUsage | None = None) -> ModelState:
     """``slot`` as its row in the views (``default``: it is its kind's default model)."""
     default = slot.id == default_id(slots.settings, slot.entry.kind)
-    return model_state(slot, pool or slots.pool.view(), default)
+    return model_state(slot, pool or slots.pool.usage(), default)
 
 
-def model_state(slot: Slot, pool: PoolView, default: bool) -> ModelState:
+def model_state(slot: Slot, pool: PoolUsage, default: bool) -> ModelState:
     """What ``slot`` looks like from outside (``/v1/models``, ``/stats``, the dashboard)."""
     held = next((e for e in pool.entries if e.model_id == slot.id), None)
     cap = slot.prompt_cache_cap() if held else 0

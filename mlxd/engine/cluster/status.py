@@ -14,7 +14,7 @@ ClusterState = Literal["forming", "ready", "peer_lost"]
 
 
 @dataclass(frozen=True)
-class RankView:
+class RankStatus:
     """One rank as rank 0 last saw it."""
 
     rank: int
@@ -36,7 +36,7 @@ class ClusterEvent:
 
 
 @dataclass(frozen=True)
-class ClusterView:
+class ClusterStatus:
     """The group, as rank 0 sees it (field meanings in docs/cluster.md)."""
 
     backend: str
@@ -45,7 +45,7 @@ class ClusterView:
     sharding: str
     state: ClusterState
     error: str | None
-    ranks: tuple[RankView, ...]
+    ranks: tuple[RankStatus, ...]
     plans: int
     steps: int
     plan_bytes: int
