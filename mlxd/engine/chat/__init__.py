@@ -1,1 +1,1 @@
-"""The chat engine: one thread per chat model that owns its MLX state, its lanes, queue and prompt cache."""
+"""The chat engine: one thread per chat model owns its MLX state, lanes, queue and cache."""

@@ -1,1 +1,1 @@
-"""The cluster: one model sharded over several machines with mx.distributed; rank 0's hooks and the followers."""
+"""The cluster: one model sharded over machines (mx.distributed); rank 0 and its followers."""

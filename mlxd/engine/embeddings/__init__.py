@@ -1,1 +1,1 @@
-"""The embedding engine: one thread per embedding model, batching its requests into masked passes."""
+"""The embedding engine: one thread per embedding model, its requests in masked passes."""

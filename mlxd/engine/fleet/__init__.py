@@ -1,1 +1,1 @@
-"""The fleet: every configured model, routed, loaded on demand and unloaded inside one memory budget (event loop)."""
+"""The fleet: every configured model, loaded on demand inside one memory budget."""
