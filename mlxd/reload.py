@@ -197,13 +197,18 @@ async def reload_from_file(
             return result
         old = state.settings
         effective = _effective(old, new, result.changes, swap_ok=True)
-        failed = await state.fleet.apply(effective)
+        done = await state.fleet.apply(effective)
+        failed = done.failed
         if failed:
             result.ok = False
             result.error = "; ".join(failed.values())
             logger.error("%s", result.error)
             effective = _revert(effective, old, set(failed))
             await state.fleet.apply(effective)
+        if done.kept:  # live changes a model could not take (a prompt cache that does not fit)
+            kept = "; ".join(done.kept.values())
+            result.error = f"{result.error}; {kept}" if result.error else kept
+            logger.warning("reload (%s): %s", trigger, kept)
         result.applied = [
             c.key
             for c in result.changes

@@ -23,7 +23,7 @@ MAX_STOP_CHARS = 500
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 _TOKEN_ID = re.compile(r"^[0-9]{1,10}$")
-_FAULT = re.compile(r"^(logits_processor|bad_logits)(@[1-9][0-9]{0,5})?$")
+_FAULT = re.compile(r"^((logits_processor|bad_logits)(@[1-9][0-9]{0,5})?|never_admit)$")
 
 
 def bad(param: str, message: str, code: str = "invalid_value") -> OpenAIError:

@@ -88,7 +88,7 @@ def _parse_budget(value: Any) -> Any:
         return "auto"
     n = parse_bytes(value)
     if n <= 0:
-        raise ValueError('the KV budget must be positive, or "auto"')
+        raise ValueError('must be a positive size such as 512MiB or 8GiB, or "auto"')
     return n
 
 

@@ -124,6 +124,7 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
         "load_seconds": duration(m["load_seconds"]) if m.get("load_seconds") is not None else "—",
         "keep_alive": _keep_alive(m.get("keep_alive")),
         "error": m.get("error"),
+        "stalled": engine.get("stalled_reason"),
         "tools": caps.get("tools"),
         "actions": _actions(m),
     }

@@ -42,6 +42,7 @@ def status_bar(s: dict[str, Any], now: float) -> Formatted:
         "mode": mode,
         "state": s["state"],
         "stalled": s["stalled"],
+        "stalled_reason": s.get("stalled_reason"),
         "uptime": duration(s["uptime_s"]),
         "config_version": config["version"],
         "config_applied": clock(config["applied_at"]),

@@ -14,6 +14,9 @@ from typing import Any
 from mlxd.engine.cluster.status import ClusterStatus
 from mlxd.engine.policy.drain import DrainEvent
 
+# An engine with work that finished no step for this long counts as stalled.
+STEP_STALL_S = 60.0
+
 
 @dataclass(frozen=True)
 class ServedModel:
@@ -115,19 +118,30 @@ class Snapshot:
     history: dict[str, Any] = field(default_factory=dict)
     # The cluster section (docs/cluster.md); None on a single machine.
     cluster: ClusterStatus | None = None
+    # Why admission is stalled: a request refused on an idle lane (mlxd.engine.policy.stalls).
+    stall: str | None = None
 
     def as_dict(self, now: float | None = None) -> dict[str, Any]:
         """The JSON shape of ``GET /stats`` (docs/api.md)."""
         now = time.time() if now is None else now
         out = asdict(self)
+        del out["stall"]
         out["uptime_s"] = round(now - self.started_at, 3)
         out["stalled"] = self.stalled(now)
+        out["stalled_reason"] = self.stalled_reason(now)
         for row in out["rows"]:
             row["age_s"] = round(now - row["received_at"], 3)
         for item in out["pending"]:
             item["waited_s"] = round(now - item["received_at"], 3)
         return out
 
-    def stalled(self, now: float, after_s: float = 60.0) -> bool:
-        """True when there is work but the engine has not finished a step for ``after_s``."""
-        return self.busy and now - self.last_step_at > after_s
+    def stalled(self, now: float, after_s: float = STEP_STALL_S) -> bool:
+        """True when there is work but the engine has not finished a step for ``after_s``,
+        or admission refuses a request on an idle lane (see ``stalled_reason``)."""
+        return self.stalled_reason(now, after_s) is not None
+
+    def stalled_reason(self, now: float, after_s: float = STEP_STALL_S) -> str | None:
+        """Why the engine counts as stalled, or None."""
+        if self.busy and now - self.last_step_at > after_s:
+            return f"no step finished for {now - self.last_step_at:.0f}s while there is work"
+        return self.stall

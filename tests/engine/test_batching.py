@@ -51,8 +51,9 @@ def test_never_more_rows_than_the_batch_size_and_all_complete(llama):
 
 
 def test_real_kv_bytes_stay_within_a_small_budget_while_requests_queue(llama):
-    # llama tiny: 1024 B per token per row; a 12 + 40 token row projects 256 slots = 256 KiB.
-    budget = 2 * 256 * 1024 + 1000
+    # llama tiny: 1024 B per token per row. A 12 + 40 token row alone projects 256
+    # slots; in a shared batch 52 + 255 (less than a step of spare capacity) each.
+    budget = 2 * 307 * 1024 + 1000
     with running_engine(
         llama, batch={"size": 8, "kv_budget": budget, "decode_allowance": 64}
     ) as engine:
@@ -74,7 +75,9 @@ def test_real_kv_bytes_stay_within_a_small_budget_while_requests_queue(llama):
 
 
 def test_fifo_a_blocked_head_is_not_overtaken(llama):
-    budget = 2 * 512 * 1024
+    # The running row (12 + 300 tokens) with "small" (12 + 5): 2 x (312 + 255) = 1134
+    # slots; with "big" (600 + 20): 2 x (620 + 255) = 1750.
+    budget = 1200 * 1024
     with running_engine(
         llama, batch={"size": 8, "kv_budget": budget, "decode_allowance": 400}
     ) as engine:
@@ -82,7 +85,6 @@ def test_fifo_a_blocked_head_is_not_overtaken(llama):
         async def main():
             first = asyncio.create_task(consume(engine, token_request("running", prompt(0), 300)))
             await wait_until(engine, lambda s: s.batch.active_rows == 1)
-            # 600 + 20 tokens: 768 slots; with the running row's 512, two rows of 768 > budget.
             big = asyncio.create_task(consume(engine, token_request("big", prompt(1, 600), 20)))
             await wait_until(engine, lambda s: s.batch.pending_rows == 1)
             small = asyncio.create_task(consume(engine, token_request("small", prompt(2), 5)))
@@ -100,8 +102,9 @@ def test_a_request_that_can_never_fit_is_refused_at_once(llama):
         (out,) = run_all(engine, [token_request("huge", prompt(0, 400), 10)])
     assert isinstance(out.accepted, Failed)
     assert (out.accepted.status, out.accepted.code) == (400, "context_over_budget")
-    assert "307200" in out.accepted.message  # the budget, in bytes
-    assert "524288" in out.accepted.message  # the projection: 2 steps of 256 x 1 KiB
+    message = out.accepted.message
+    assert "[batch] kv_budget (300 KiB)" in message  # the key that binds, and the budget
+    assert "512 KiB of KV cache" in message  # the projection: 2 steps of 256 x 1 KiB
 
 
 def test_full_queue_answers_429_with_retry_after(llama):

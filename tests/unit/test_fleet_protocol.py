@@ -140,10 +140,10 @@ def test_both_kinds_load_unload_apply_and_stop_through_the_protocol(tmp_path):
             assert (await fleet.unload("emb")).state == "unloaded"
             assert emb_engine.calls[-1] == ("unload",) and emb_engine.info is None
             # A reload reaches both engines as a settings value, through apply.
-            assert await fleet.apply(settings_with(tmp_path, emb_batch=2)) == {}
+            assert (await fleet.apply(settings_with(tmp_path, emb_batch=2))).failed == {}
             assert ("apply", 2) in emb_engine.calls and chat_engine.calls[-1][0] == "apply"
             # A new kind is a new engine; the old one stops.
-            assert await fleet.apply(settings_with(tmp_path, emb_kind="chat")) == {}
+            assert (await fleet.apply(settings_with(tmp_path, emb_kind="chat"))).failed == {}
             assert emb_engine.calls[-1] == ("stop",) and len(made["chat"]) == 2
             assert made["chat"][1].calls == [("start",)]
         finally:

@@ -20,7 +20,7 @@ class HealthController(Controller):
 
     @get("/ready")
     async def ready(self, mlxd: Mlxd) -> Response[dict[str, Any]]:
-        """Readiness: pinned models are loaded, engines step, the server takes requests.
+        """Readiness: pinned models are loaded, engines step and admit, the server takes requests.
 
         A model loaded on demand (not pinned) does not make the daemon unready
         while it is unloaded: a request for it loads it.
@@ -44,8 +44,7 @@ class HealthController(Controller):
                 f"engine is {own.state}" if own is not None else f"{waiting.id} is {waiting.state}"
             )
         elif stalled is not None:
-            last = snapshots[stalled].last_step_at
-            reason = f"engine {stalled} stalled: no step finished for {now - last:.0f}s"
+            reason = f"engine {stalled} stalled: {snapshots[stalled].stalled_reason(now)}"
         else:
             default = next((m.id for m in view.models if m.default and m.kind == "chat"), None)
             models = {m.id: m.state for m in view.models}

@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from mlxd.config import BatchSettings
+from mlxd.engine.chat.kv_caches import normalize
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.sampling import (
@@ -46,16 +47,29 @@ class BatchLane:
         self._faults = faults
         self._gen = self._make_generator(settings)
         self.rows: dict[int, Row] = {}
+        # One row that joined an empty batch and has been alone since: projected exactly.
+        self.lone = False
 
     def _make_generator(self, settings: BatchSettings) -> BatchGenerator:
         eos = sorted(self._loaded.tokenizer.eos_token_ids)
-        return BatchGenerator(
+        gen = BatchGenerator(
             self._loaded.model,
             stop_tokens=[[t] for t in eos],
             completion_batch_size=settings.size,
             prefill_batch_size=settings.prompt_concurrency,
             prefill_step_size=settings.prefill_step_size,
         )
+        # Each prefill chunk grows the prompt batch from its position, not from spare
+        # capacity left behind by rows that moved on (see mlxd.engine.chat.kv_caches).
+        prompts = gen._prompt_batch
+        chunk = prompts.prompt
+
+        def prompt(tokens: list[list[int]]) -> None:
+            normalize(prompts.prompt_cache)
+            chunk(tokens)
+
+        prompts.prompt = prompt
+        return gen
 
     def configure(self, settings: BatchSettings) -> None:
         """Apply new widths live; running rows are untouched."""
@@ -77,6 +91,7 @@ class BatchLane:
         """Hand an admitted row to the generator, starting from ``cache`` if any."""
         sampler = build_sampler(row.request, self._loaded.info.vocab_size)
         processors = build_processors(row.request, faults=self._faults, constraint=row.matcher)
+        self.lone = not self.rows
         (uid,) = self._gen.insert(
             [rest],
             max_tokens=[row.max_tokens],

@@ -14,20 +14,26 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
+
+from mlx_lm.models.cache import can_trim_prompt_cache
 
 from mlxd.config import Settings
 from mlxd.engine.channel import Channel
 from mlxd.engine.chat.batch import BatchLane
 from mlxd.engine.chat.counters import Counters, Peaks, Throughput
 from mlxd.engine.chat.hooks import ClusterHooks
+from mlxd.engine.chat.kv_caches import compact, cut_prefix
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.serial import SerialRun
 from mlxd.engine.fleet.memory import MemoryPool
 from mlxd.engine.messages import ErrorCode, Failed
 from mlxd.engine.policy import admission
+from mlxd.engine.policy.budget import KvRoom, PoolRoom, kv_room
 from mlxd.engine.policy.drain import DrainLog, Turn
+from mlxd.engine.policy.stalls import StallWatch
 
 
 class EngineCore:
@@ -84,7 +90,8 @@ class EngineCore:
         self.accepting = True
         # Requests the intake thread is tokenizing (set by the engine thread).
         self.intaking = 0
-        self.budget_bytes = 0
+        self.room = KvRoom(0, "kv_budget")
+        self.stalls = StallWatch()
         self.max_active_seen = 0
         self.max_kv_seen = 0
         self.last_step_wall = time.time()
@@ -101,6 +108,10 @@ class EngineCore:
             or self.exclusive
             or (self.batch is not None and len(self.batch))
         )
+
+    def lane_idle(self) -> bool:
+        """Nothing runs in either lane: a refused request waits for no row to end."""
+        return (self.batch is None or not len(self.batch)) and self.serial is None
 
     def note_error(self, message: str) -> None:
         """Remember the latest engine error (the status bar shows it, with its time)."""
@@ -125,15 +136,18 @@ class EngineCore:
         self.model_status = "ready"
         self.model_error = None
         self.prompt_cache.clear()
-        self.budget_bytes = self._budget()
+        self.update_room()
 
     def apply(self, settings: Settings) -> None:
-        """Apply policy keys between two steps; rows already running keep running."""
+        """Apply policy keys between two steps; rows already running keep running.
+
+        Queued requests that the new budget can never hold are refused now.
+        """
         self.settings = settings
         self.prompt_cache.configure(settings.prompt_cache, self.live_bytes())
         if self.batch is not None:
             self.batch.configure(settings.batch)
-        self.budget_bytes = self._budget()
+        self.update_room()
 
     def release(self) -> None:
         """Drop every MLX object; called on the engine thread before it exits.
@@ -151,31 +165,52 @@ class EngineCore:
 
     # ------------------------------------------------------------ KV budget
 
+    @property
+    def budget_bytes(self) -> int:
+        """The KV bytes this model's rows may ever hold (``room``'s size)."""
+        return self.room.bytes
+
     def live_bytes(self) -> int:
         """Real KV bytes the batch holds now."""
         return self.batch.nbytes if self.batch is not None else 0
 
+    def kv_bytes(self) -> int:
+        """Real KV bytes of both lanes now."""
+        return self.live_bytes() + (self.serial.nbytes if self.serial is not None else 0)
+
+    def note_kv(self, *, after_step: bool) -> None:
+        """Record the KV bytes held now (after an admission or a step): the peak, and
+        steps that ended over the budget (rows generating past their decode allowance)."""
+        kv = self.kv_bytes()
+        self.max_kv_seen = max(self.max_kv_seen, kv)
+        if after_step and kv > self.budget_bytes:
+            self.counters.kv_over_budget_steps += 1
+
     def sample_peaks(self) -> None:
         """Record the KV bytes and queue length now, for the dashboard's sparklines."""
-        kv = self.live_bytes() + (self.serial.nbytes if self.serial is not None else 0)
-        self.peaks.add(kv, len(self.pending) + len(self.serial_queue), time.time())
+        self.peaks.add(self.kv_bytes(), len(self.pending) + len(self.serial_queue), time.time())
         if self.pool is not None:
             self.pool.report_kv(self.pool_id, self.kv_claim())
-            self.budget_bytes = self._budget()
+            self.update_room()
+
+    def batch_projection(self) -> int:
+        """The projected KV bytes of the rows in the batch now."""
+        if self.batch is None or self.loaded is None or not len(self.batch):
+            return 0
+        return admission.project_batch_bytes(
+            self.loaded.layout,
+            [r.projected() for r in self.batch.rows.values()],
+            self.settings.batch.prefill_step_size,
+            lone=self.batch.lone,
+            prompt_concurrency=self.settings.batch.prompt_concurrency,
+        )
 
     def kv_claim(self, candidate: int | None = None) -> int:
         """The KV bytes this engine holds or may grow to: its claim on a shared pool."""
         serial = self.serial.nbytes if self.serial is not None else 0
         if candidate is not None:
             return candidate + serial
-        if self.batch is None or self.loaded is None or not len(self.batch):
-            return self.live_bytes() + serial
-        projected = admission.project_batch_bytes(
-            self.loaded.layout,
-            [r.extent for r in self.batch.rows.values()],
-            self.settings.batch.prefill_step_size,
-        )
-        return max(projected, self.live_bytes()) + serial
+        return max(self.batch_projection(), self.live_bytes()) + serial
 
     def admission_budget(self) -> int:
         """The KV bytes the batch may use now: the budget, less what other models claim."""
@@ -184,19 +219,52 @@ class EngineCore:
         serial = self.serial.nbytes if self.serial is not None else 0
         return min(self.budget_bytes, self.pool.kv_limit(self.pool_id) - serial)
 
-    def _budget(self) -> int:
-        kv = self.settings.batch.kv_budget
-        if self.pool is not None:
-            ceiling = self.pool.kv_ceiling(self.pool_id)
-            return ceiling if kv == "auto" else min(int(kv), ceiling)
-        if kv != "auto":
-            return int(kv)
-        from mlxd.engine.chat.loading import device_memory_bytes
+    def update_room(self) -> None:
+        """Recompute the KV budget in effect; when it shrank, refuse what can no longer fit."""
+        before = self.room.bytes
+        self.room = self._room()
+        if self.room.bytes < before:
+            self.refuse_unfittable()
 
-        weights = self.loaded.weights_bytes if self.loaded else 0
-        return admission.auto_budget(
-            device_memory_bytes(), weights, self.settings.prompt_cache.max_bytes
-        )
+    def _room(self) -> KvRoom:
+        kv = self.settings.batch.kv_budget
+        keys = {
+            "budget_key": config_key(self.settings, "batch", "kv_budget"),
+            "cache_key": config_key(self.settings, "prompt_cache", "max_bytes"),
+        }
+        if self.pool is not None:
+            cap = self.settings.prompt_cache.max_bytes
+            pool = PoolRoom(self.pool.budget, self.pool.reserved(), cap)
+            return kv_room(kv, auto_bytes=0, pool=pool, **keys)
+        auto = 0
+        if kv == "auto":
+            from mlxd.engine.chat.loading import device_memory_bytes
+
+            weights = self.loaded.weights_bytes if self.loaded else 0
+            auto = admission.auto_budget(
+                device_memory_bytes(), weights, self.settings.prompt_cache.max_bytes
+            )
+        return kv_room(kv, auto_bytes=auto, pool=None, **keys)
+
+    def refuse_unfittable(self) -> None:
+        """Refuse every queued request that cannot fit the budget even alone and uncached."""
+        if self.loaded is None:
+            return
+        layout, step = self.loaded.layout, self.settings.batch.prefill_step_size
+        for queue in (self.pending, self.serial_queue):
+            for row in list(queue):
+                bare = replace(row.extent, cached=0)
+                needed = admission.alone_bytes(layout, bare, step)
+                if needed > self.budget_bytes:
+                    queue.remove(row)
+                    self.refuse_over_budget(row, needed)
+
+    def refuse_over_budget(self, row: Row, needed: int) -> None:
+        """End a queued ``row`` that can never fit: the documented 400, naming the key."""
+        what = f"This request ({len(row.prompt)} prompt tokens + {row.extent.decode} to generate)"
+        message = f"The KV budget changed while this request waited: {self.room.over(needed, what)}"
+        self.counters.reject("context_over_budget")
+        self.fail(row, message, code="context_over_budget", status=400)
 
     # ------------------------------------------------------------ prompt cache
 
@@ -204,7 +272,36 @@ class EngineCore:
         """The nearest cached prefix of ``prompt`` and the tokens left to prefill."""
         if self.loaded is None:
             return None, prompt
-        return self.prompt_cache.fetch(self.loaded.key, prompt)
+        cache, rest = self.prompt_cache.fetch(self.loaded.key, prompt)
+        compact(cache)  # a trimmed copy still holds the stored entry's full length
+        return cache, rest
+
+    def plan_cache(
+        self, row: Row, cache: list[Any] | None, rest: list[int]
+    ) -> tuple[list[Any] | None, list[int]] | None:
+        """``row``'s cache hit, cut back or dropped when it would keep the row from ever
+        fitting the budget (docs/batching.md, "Admission never wedges"); None when not
+        even the bare request fits: the row is refused (a 400), the caller drops it."""
+        assert self.loaded is not None
+        cached = len(row.prompt) - len(rest)
+        step = self.settings.batch.prefill_step_size
+        trimmable = cache is not None and can_trim_prompt_cache(cache)
+        plan = admission.plan_hit(
+            self.loaded.layout,
+            replace(row.extent, cached=cached),
+            self.budget_bytes,
+            step,
+            trimmable=trimmable,
+        )
+        if plan.refused is not None:
+            self.refuse_over_budget(row, plan.refused)
+            return None
+        if plan.cached < cached:
+            if plan.cached == 0:
+                self.prompt_cache.not_used()
+            cache, rest = cut_prefix(cache, row.prompt, rest, plan.cached)
+        row.extent = replace(row.extent, cached=plan.cached)
+        return cache, rest
 
     def store_cache(self, tokens: list[int] | None, cache: list[Any] | None) -> None:
         """Keep a finished row's cache for the prompts that share its prefix."""
@@ -279,3 +376,11 @@ class EngineCore:
         for queue in (self.pending, self.serial_queue):
             while queue:
                 self.fail(queue.popleft(), message, code=code, status=status)
+
+
+def config_key(settings: Settings, section: str, key: str) -> str:
+    """How ``[section] key`` is written for the served model: its own table when it sets one."""
+    own = getattr(settings.model, section, None)
+    if own is not None and getattr(own, key, None) is not None:
+        return f"[models.{settings.model.name}.{section}] {key}"
+    return f"[{section}] {key}"

@@ -91,6 +91,8 @@ class Counters:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     engine_errors: int = 0
+    # Steps that ended with more KV bytes than the budget (rows past their decode allowance).
+    kv_over_budget_steps: int = 0
     # Rows run under a grammar, by kind (json, tools); tool calls sent and
     # calls whose text did not parse (sent as content instead).
     constrained_rows: dict[str, int] = field(default_factory=dict)

@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 Message = Submit | Cancel | Intaken | Order
 
 _IDLE_WAIT_S = 0.5
+# Busy but no step ran (requests wait for memory another model holds, or for
+# intake): look again this often rather than spin.
+_WAITING_S = 0.02
 # Woken from idle by a request, the engine keeps taking requests until the
 # inbox has been quiet this long (at most _BURST_MAX_S), so a burst of clients
 # is admitted and prefilled as one group instead of 1 + the rest
@@ -188,12 +191,17 @@ class EngineThread:
         self._hooks.join(core.settings, optimized_blas=self._optimized_blas)
         self._publish(state="starting")
         self._load_first()
+        stepped = True
         while not self._stop.is_set():
             try:
-                self._drain_inbox(block=not core.busy)
+                if not core.busy:
+                    self._drain_inbox(block=True)
+                else:
+                    self._drain_inbox(block=not stepped, wait=_WAITING_S)
                 if self._stop.is_set():
                     break
-                if not tick(core):
+                stepped = tick(core)
+                if not stepped:
                     self._hooks.idle()
             except Exception as exc:  # the loop must never die silently
                 logger.exception("engine loop error; failing in-flight requests and continuing")
@@ -230,9 +238,13 @@ class EngineThread:
         self._hooks.first_load_done(error)
         self._publish()
 
-    def _drain_inbox(self, *, block: bool, defer_orders: bool = False) -> None:
+    def _drain_inbox(
+        self, *, block: bool, wait: float | None = None, defer_orders: bool = False
+    ) -> None:
+        """Take every message waiting; ``block``: wait for the first (``wait`` s at most)."""
+        timeout = self._idle_wait if wait is None else wait
         try:
-            first = self._inbox.get(timeout=self._idle_wait) if block else self._inbox.get_nowait()
+            first = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
         except queue.Empty:
             first = None
         messages: list[Message | None] = [first] if first is not None else []
@@ -283,7 +295,7 @@ class EngineThread:
             return
         self._intaking[submit.request.id] = submit
         core.intaking = len(self._intaking)
-        self._intake.prepare(submit, core.loaded, core.settings, core.budget_bytes)
+        self._intake.prepare(submit, core.loaded, core.settings, core.room)
 
     def _prepared(self, message: Intaken) -> None:
         core = self.core

@@ -40,7 +40,7 @@ def enqueue(
         why = core.model_error or "the model is still loading"
         return core.refuse(channel, Failed("model_not_loaded", f"no model is loaded: {why}", 503))
     if prepared is None:
-        prepared = prepare(loaded, request, core.settings, core.budget_bytes)
+        prepared = prepare(loaded, request, core.settings, core.room)
     if isinstance(prepared, Failed):
         return core.refuse(channel, prepared)
     depth = waiting(core)
@@ -84,7 +84,7 @@ def prepare_queued_again(core: EngineCore) -> None:
     assert loaded is not None
     for queue in (core.pending, core.serial_queue):
         for row in list(queue):
-            prepared = prepare(loaded, row.request, core.settings, core.budget_bytes)
+            prepared = prepare(loaded, row.request, core.settings, core.room)
             if isinstance(prepared, Failed):
                 queue.remove(row)
                 message = f"the new model cannot take this request: {prepared.message}"

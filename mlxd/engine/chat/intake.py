@@ -29,6 +29,7 @@ from mlxd.engine.messages import (
 )
 from mlxd.engine.policy import admission
 from mlxd.engine.policy.admission import RowExtent
+from mlxd.engine.policy.budget import KvRoom
 from mlxd.engine.policy.lanes import LaneDecision, decide
 
 
@@ -147,7 +148,7 @@ def check_tools(loaded: LoadedModel, request: GenerationRequest) -> Failed | Non
 
 
 def prepare(
-    loaded: LoadedModel, request: GenerationRequest, settings: Settings, budget: int
+    loaded: LoadedModel, request: GenerationRequest, settings: Settings, room: KvRoom
 ) -> Prepared | Failed:
     """Tokenize and check a request against the model's context and the KV budget.
 
@@ -179,15 +180,10 @@ def prepare(
     max_tokens = min(request.max_tokens or ctx, ctx - len(prompt))
     batch = settings.batch
     extent = admission.row_extent(len(prompt), max_tokens, batch.decode_allowance)
-    alone = admission.never_fits(loaded.layout, extent, budget, batch.prefill_step_size)
+    alone = admission.never_fits(loaded.layout, extent, room.bytes, batch.prefill_step_size)
     if alone is not None:
-        return Failed(
-            "context_over_budget",
-            f"This request needs about {alone} bytes of KV cache ({len(prompt)} prompt tokens + "
-            f"{min(max_tokens, batch.decode_allowance)} to generate), more than the KV budget of "
-            f"{budget} bytes. Shorten the prompt or max_tokens, or raise [batch] kv_budget.",
-            400,
-        )
+        what = f"This request ({len(prompt)} prompt tokens + {extent.decode} to generate)"
+        return Failed("context_over_budget", room.over(alone, what), 400)
     decision = decide(request, batch.size, settings.lanes, loaded.capabilities)
     chat = isinstance(request.prompt, ChatPrompt)
     phase = initial_phase(loaded.tokenizer, prompt) if chat else "normal"

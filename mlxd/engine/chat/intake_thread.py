@@ -24,6 +24,7 @@ from mlxd.engine.chat.intake import Prepared, prepare, tokenize
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.checks import IntakeError
 from mlxd.engine.messages import Failed, GenerationRequest
+from mlxd.engine.policy.budget import KvRoom
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class _Prepare:
     submit: Submit
     loaded: LoadedModel
     settings: Settings
-    budget: int
+    room: KvRoom
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,11 @@ class IntakeThread:
     def stop(self) -> None:
         self._jobs.put(None)
 
-    def prepare(self, submit: Submit, loaded: LoadedModel, settings: Settings, budget: int) -> None:
+    def prepare(
+        self, submit: Submit, loaded: LoadedModel, settings: Settings, room: KvRoom
+    ) -> None:
         """Tokenize and check ``submit.request``; an :class:`Intaken` comes back."""
-        self._jobs.put(_Prepare(submit, loaded, settings, budget))
+        self._jobs.put(_Prepare(submit, loaded, settings, room))
 
     def count(
         self,
@@ -89,7 +92,7 @@ class IntakeThread:
                 continue
             request = job.submit.request
             try:
-                prepared: Prepared | Failed = prepare(job.loaded, request, job.settings, job.budget)
+                prepared: Prepared | Failed = prepare(job.loaded, request, job.settings, job.room)
             except Exception as exc:  # a bug: report it on this request alone
                 logger.exception("preparing %s failed", request.id)
                 prepared = Failed("generation_error", f"could not prepare the request: {exc}", 500)

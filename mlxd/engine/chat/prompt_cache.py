@@ -56,6 +56,11 @@ class PromptCache:
             self.hits += 1
         return cache, rest
 
+    def not_used(self) -> None:
+        """The last hit was dropped before use (admission re-planned the row without it)."""
+        self.hits -= 1
+        self.misses += 1
+
     def store(
         self, model_key: str, tokens: list[int] | None, cache: list[Any] | None, live_bytes: int
     ) -> None:

@@ -8,7 +8,7 @@ keeps the numbers the snapshot shows.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 import mlx.core as mx
@@ -68,10 +68,19 @@ class Row:
     # Set when something raised for this row alone (its logits processor,
     # sampler or detokenizer); the engine removes the row and reports it.
     error: BaseException | None = None
+    # Why a queued row counts as stalled (refused on an idle lane; see
+    # mlxd.engine.policy.stalls); admission then looks past it.
+    stalled: str | None = None
 
     @property
     def id(self) -> str:
         return self.request.id
+
+    def projected(self) -> RowExtent:
+        """What admission projects for the row now: its extent, prefilling until its first token."""
+        return replace(
+            self.extent, prefilling=self.first_token_mono is None, prefilled=self.prefill_done
+        )
 
     def admitted(self, cached_tokens: int) -> None:
         self.admitted_mono = time.monotonic()

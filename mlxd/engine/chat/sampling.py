@@ -54,7 +54,7 @@ def build_processors(
     )
     if constraint is not None:
         processors.append(constraint)
-    if faults and request.fault:
+    if faults and request.fault and request.fault != "never_admit":  # that one is admission's
         processors.append(_faulty_processor(request.fault))
     return processors
 

@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxd.engine.chat.kv_caches import normalize
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.sampling import (
@@ -95,6 +96,7 @@ class SerialRun:
     def _progress(self, done: int, total: int) -> None:
         self.row.prefill_done = done
         if done < total:
+            normalize(self.cache)  # the next chunk grows from the position (see kv_caches)
             self._pump()  # a long prefill must not freeze intake, cancels and /stats
         if self.row.cancelled:
             raise _Abort

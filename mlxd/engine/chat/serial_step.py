@@ -19,7 +19,10 @@ def start(core: EngineCore, row: Row) -> None:
     """Make ``row`` the serial row, from the nearest cached prefix of its prompt."""
     loaded = core.loaded
     assert loaded is not None
-    cache, rest = core.fetch_cache(row.prompt)
+    planned = core.plan_cache(row, *core.fetch_cache(row.prompt))
+    if planned is None:  # it can never fit the budget: refused
+        return
+    cache, rest = planned
     row.admitted(len(row.prompt) - len(rest))
     core.last_turn = "serial"
     try:
@@ -50,7 +53,7 @@ def step(core: EngineCore) -> None:
     if advanced.token:
         core.throughput.add(1, time.time())
     if advanced.ended is None:
-        core.max_kv_seen = max(core.max_kv_seen, run.nbytes)
+        core.note_kv(after_step=True)
         return
     core.serial = None
     row = run.row

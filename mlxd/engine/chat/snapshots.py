@@ -54,32 +54,34 @@ def build_snapshot(
     rows: list[RunningRow] = []
     batch_rows = list(core.batch.rows.values()) if core.batch is not None else []
     batch_bytes = core.batch.nbytes if core.batch is not None else 0
-    projected = (
-        admission.project_batch_bytes(layout, [r.extent for r in batch_rows], step)
-        if layout and batch_rows
-        else 0
-    )
+    projected = core.batch_projection()
     n = max(len(batch_rows), 1)
     rows.extend(_running_row(r, now, batch_bytes // n, projected // n) for r in batch_rows)
     serial_bytes = 0
     if core.serial is not None:
         serial_bytes = core.serial.nbytes
         row = core.serial.row
-        alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
+        alone = admission.alone_bytes(layout, row.projected(), step) if layout else 0
         rows.append(_running_row(row, now, serial_bytes, alone))
         projected += alone
 
     pending = []
     blocked = core.waiting_for or "batch_full"
     for row in core.pending:
-        alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
+        alone = admission.alone_bytes(layout, row.extent, step) if layout else 0
         pending.append(
             WaitingRequest(
-                row.id, row.request.api, "batch", row.received_wall, len(row.prompt), alone, blocked
+                row.id,
+                row.request.api,
+                "batch",
+                row.received_wall,
+                len(row.prompt),
+                alone,
+                "stalled" if row.stalled else blocked,
             )
         )
     for row in core.serial_queue:
-        alone = admission.project_batch_bytes(layout, [row.extent], step) if layout else 0
+        alone = admission.alone_bytes(layout, row.extent, step) if layout else 0
         pending.append(
             WaitingRequest(
                 row.id,
@@ -146,4 +148,5 @@ def build_snapshot(
         history=core.peaks.history(wall),
         busy=core.busy or core.intaking > 0,
         cluster=cluster,
+        stall=next((r.stalled for r in core.pending if r.stalled), None),
     )

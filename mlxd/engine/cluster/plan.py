@@ -81,6 +81,9 @@ class RowSpec(msgspec.Struct, frozen=True, array_like=True):
     # The row's grammar, and whether the row starts inside the model's think markers.
     constraint: GrammarSpec | None = None
     reasoning: bool = False
+    # Prompt tokens it starts from out of the prompt cache: admission may keep less
+    # of the hit than the lookup found (docs/batching.md, "Admission never wedges").
+    cached: int = -1
 
 
 class Fetch(msgspec.Struct, frozen=True, tag="fetch", array_like=True):

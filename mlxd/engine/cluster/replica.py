@@ -16,6 +16,7 @@ from typing import Any
 
 from mlxd.config import BatchSettings, ModelSettings, PromptCacheSettings
 from mlxd.engine.chat.batch import BatchLane
+from mlxd.engine.chat.kv_caches import compact, cut_prefix
 from mlxd.engine.chat.loading import LoadedModel, load_model, resolve_model_path
 from mlxd.engine.chat.prompt_cache import PromptCache
 from mlxd.engine.chat.serial import SerialRun
@@ -30,6 +31,7 @@ from mlxd.engine.cluster.plan import (
     Op,
     Remove,
     ResetBatch,
+    RowSpec,
     Seed,
     Shutdown,
     StartSerial,
@@ -140,6 +142,7 @@ class Replica:
     def _fetch(self, op: Fetch) -> None:
         loaded = self._model()
         cache, rest = self.cache.fetch(loaded.key, op.prompt)
+        compact(cache)
         got = len(op.prompt) - len(rest)
         if got != op.cached:
             raise Desync(f"prompt cache hit {got} tokens here, {op.cached} on rank 0")
@@ -150,18 +153,22 @@ class Replica:
             if not self.prefetched[key]:
                 del self.prefetched[key]
 
-    def _take_prefetched(self, prompt: list[int]) -> tuple[Any, list[int]]:
+    def _take_prefetched(self, spec: RowSpec) -> tuple[Any, list[int]]:
+        """The lookup rank 0 made for this row, cut to the prefix rank 0 kept of it."""
+        prompt = spec.prompt
         stack = self.prefetched.get(tuple(prompt))
         if not stack:
             raise Desync("a row started without the prompt-cache lookup rank 0 made for it")
-        found = stack.pop()
+        cache, rest = stack.pop()
         if not stack:
             del self.prefetched[tuple(prompt)]
-        return found
+        if spec.cached >= 0:
+            cache, rest = cut_prefix(cache, prompt, rest, spec.cached)
+        return cache, rest
 
     def _insert(self, op: Insert) -> None:
         loaded = self._model()
-        cache, rest = self._take_prefetched(op.row.prompt)
+        cache, rest = self._take_prefetched(op.row)
         if self.batch is None:
             self.batch = BatchLane(loaded, self.batch_settings, faults=self.faults)
         row = follower_row(op.row, loaded)
@@ -182,7 +189,7 @@ class Replica:
 
     def _start_serial(self, op: StartSerial) -> None:
         loaded = self._model()
-        cache, rest = self._take_prefetched(op.row.prompt)
+        cache, rest = self._take_prefetched(op.row)
         self.serial_tokens = []
         self.serial = SerialRun(
             loaded,

@@ -56,6 +56,7 @@ def row_spec(row: Row) -> RowSpec:
         fault=r.fault,
         constraint=GrammarSpec(c.kind, c.grammar, c.key, c.tool_format) if c else None,
         reasoning=row.matcher is not None and not getattr(row.matcher, "active", True),
+        cached=row.extent.cached,
     )
 
 

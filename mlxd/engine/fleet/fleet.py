@@ -40,7 +40,7 @@ from mlxd.engine.fleet.slot import Lease, Slot, budget_bytes
 from mlxd.engine.fleet.slots import TICK_S, EngineMaker, Slots
 from mlxd.engine.fleet.status import chat_snapshots, fleet_view
 from mlxd.engine.fleet.unloading import Unloads
-from mlxd.engine.fleet.values import FleetStatus, ModelState
+from mlxd.engine.fleet.values import FleetApplied, FleetStatus, ModelState
 from mlxd.engine.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -114,8 +114,8 @@ class Fleet:
         for slot in self._slots.by_id.values():
             slot.engine.stop()
 
-    async def apply(self, settings: Settings) -> dict[str, str]:
-        """Adopt a reloaded registry (:mod:`mlxd.engine.fleet.reload`); returns failed swaps."""
+    async def apply(self, settings: Settings) -> FleetApplied:
+        """Adopt a reloaded registry (:mod:`mlxd.engine.fleet.reload`); see FleetApplied."""
         return await self._reload.apply(settings)
 
     def engines(self) -> list[Engine]:

@@ -83,6 +83,11 @@ class MemoryPool:
             if old_id in self._kv:
                 self._kv[new_id] = self._kv.pop(old_id)
 
+    def reserved(self) -> int:
+        """The fixed reservations of every loaded model: weights and prompt-cache caps."""
+        with self._lock:
+            return sum(self._fixed.values())
+
     def kv_ceiling(self, model_id: str) -> int:
         """The most KV ``model_id`` could ever claim with today's loaded models."""
         with self._lock:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from mlxd.config import Settings
+from mlxd.config import Settings, format_bytes
 from mlxd.config.entry import ModelEntry
 from mlxd.config.registry import for_model, registry
 from mlxd.engine.fleet.loading import Loads
 from mlxd.engine.fleet.slot import Slot, budget_bytes, swallow_failure
 from mlxd.engine.fleet.slots import Slots
 from mlxd.engine.fleet.unloading import Unloads
+from mlxd.engine.fleet.values import FleetApplied
 
 # Keys of an entry whose change needs the model loaded again.
 _SWAP_KEYS = ("path", "chat_template", "tool_parser", "max_context", "demo_dtype", "kind")
@@ -34,12 +35,15 @@ class RegistryReload:
         self._unloads = unloads
         self._device_bytes = device_bytes
 
-    async def apply(self, settings: Settings) -> dict[str, str]:
-        """Adopt a reloaded registry; returns the models whose swap failed, with why.
+    async def apply(self, settings: Settings) -> FleetApplied:
+        """Adopt a reloaded registry; returns the swaps that failed and the changes kept back.
 
         Removed models finish what they run, then unload; added ones start
         unloaded (pinned ones load); changed ones get their new settings
-        live, or are loaded again when their path or kind changed.
+        live, or are loaded again when their path or kind changed. A loaded
+        model's prompt-cache cap moves its reservation in the memory budget:
+        at once when it shrinks, when the budget has room when it grows (else
+        the model keeps its cap, and ``kept`` says so).
         """
         slots = self._slots
         old = slots.settings
@@ -53,6 +57,7 @@ class RegistryReload:
                 renamed = (old_id, new_id)
                 self._rename(old_id, new_id)
         errors: dict[str, str] = {}
+        kept: dict[str, str] = {}
         for model_id, slot in list(slots.by_id.items()):
             if model_id not in new:
                 slot.removed = True
@@ -69,13 +74,13 @@ class RegistryReload:
                 if added.pinned:
                     self._loads.spawn(added)
                 continue
-            error = await self._change(slot, entry, settings)
+            error = await self._change(slot, entry, settings, kept)
             if error:
                 errors[model_id] = error
         if renamed and errors:
             self._rename(renamed[1], renamed[0])
         slots.notify()
-        return errors
+        return FleetApplied(errors, kept)
 
     def _rename(self, old_id: str, new_id: str) -> None:
         """The one ``[model]`` table's id changed (its path or name): same slot, new id."""
@@ -86,7 +91,9 @@ class RegistryReload:
         slots.pool.rename(old_id, new_id)
         slot.engine.rename(new_id)
 
-    async def _change(self, slot: Slot, entry: ModelEntry, settings: Settings) -> str | None:
+    async def _change(
+        self, slot: Slot, entry: ModelEntry, settings: Settings, kept: dict[str, str]
+    ) -> str | None:
         before, before_settings = slot.entry, slot.settings
         slot.entry, slot.settings = entry, for_model(settings, slot.id)
         if before.kind != entry.kind:
@@ -107,10 +114,41 @@ class RegistryReload:
                     return f"model swap failed, the previous model keeps serving: {exc}"
                 self._slots.pool.settle(slot.id, info.weights_bytes + slot.prompt_cache_cap())
                 self._slots.event(slot.id, "loaded", "swapped by a reload")
+            elif slot.state == "loaded":
+                note = self._resize_cache(slot, before_settings.prompt_cache.max_bytes)
+                if note:
+                    kept[slot.id] = note
             await asyncio.wrap_future(slot.engine.apply(slot.settings))
         if slot.pinned and slot.state in ("unloaded", "failed"):
             self._loads.spawn(slot)
         return None
+
+    def _resize_cache(self, slot: Slot, held: int) -> str | None:
+        """Move a loaded model's reservation to its new prompt-cache cap (``held`` before).
+
+        A smaller cap frees its bytes at once; a larger one is reserved when
+        the budget has room, else the model keeps ``held`` (its settings are
+        cut back to it) and the answer says why.
+        """
+        want = slot.prompt_cache_cap()
+        info = slot.engine.info
+        if want == held or info is None or slot.entry.kind != "chat":
+            return None
+        pool = self._slots.pool
+        weights = info.weights_bytes
+        if want < held:
+            pool.settle(slot.id, weights + want)
+            return None
+        if pool.reserve(slot.id, weights + want):
+            return None
+        cache = slot.settings.prompt_cache.model_copy(update={"max_bytes": held})
+        slot.settings = slot.settings.model_copy(update={"prompt_cache": cache})
+        usage = pool.usage()
+        return (
+            f"the prompt cache of {slot.id} stays at {format_bytes(held)}: "
+            f"{format_bytes(want)} does not fit in [memory] budget ({format_bytes(usage.budget)}, "
+            f"{format_bytes(usage.free)} free); it grows on a later reload once there is room"
+        )
 
     async def _remove(self, slot: Slot) -> None:
         slots = self._slots

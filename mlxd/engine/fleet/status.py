@@ -9,6 +9,7 @@ numbers come from its engine's ``Snapshot``, an embedding model's are its
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -107,6 +108,7 @@ def model_state(slot: Slot, pool: PoolUsage, default: bool) -> ModelState:
 
 def _chat_numbers(snapshot: Snapshot) -> dict[str, Any]:
     return {
+        "stalled_reason": snapshot.stalled_reason(time.time()),
         "rows": len(snapshot.rows),
         "pending": len(snapshot.pending),
         "kv_bytes": snapshot.batch.kv_bytes,

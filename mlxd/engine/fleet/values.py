@@ -10,7 +10,7 @@ wrong kind, a load that failed, a model that can never fit) as the engine's
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlxd.engine.messages import Failed
@@ -26,6 +26,18 @@ class FleetRefusal(Exception):
     def __init__(self, failed: Failed):
         super().__init__(failed.message)
         self.failed = failed
+
+
+@dataclass(frozen=True)
+class FleetApplied:
+    """What a reload did to the fleet, beyond the changes that simply took effect.
+
+    ``failed``: model id -> why its swap failed (the previous model serves);
+    ``kept``: model id -> a live change it could not take, and what it keeps.
+    """
+
+    failed: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,32 @@
 """KV-byte admission: how many bytes a batch will hold, and who may join it.
 
 Pure functions over a :class:`CacheLayout` measured from the loaded model. The
-facts they encode (see docs/batching.md):
+facts they encode, measured against mlx-lm (see docs/batching.md, "The
+projection", and ``tests/engine/test_kv_budget.py``, which checks them after
+every step of a real ``BatchGenerator``):
 
 - mlx-lm's batch caches share **one capacity** across rows: a batch of B rows
-  holds B x (longest row's capacity), plus constant recurrent state per row.
-- Capacity grows in steps of 256 tokens. A row that starts from a cached
-  prefix starts at exactly the prefix length, then grows in steps.
-- A sliding-window layer keeps at most its window, except that a prefill chunk
-  is stored whole before being trimmed, so it may briefly hold the window plus
-  one chunk.
+  holds B x (its longest row's position, left-padded, plus spare capacity).
+- Capacity grows in steps of 256 tokens from the position where it runs out,
+  so the spare capacity is always below one step (mlxd keeps it so: see
+  :mod:`mlxd.engine.chat.kv_caches`).
+- A row that starts from a cached prefix starts at exactly the prefix length.
+- Rows prefilled together share one position: the furthest row's position
+  plus the longest chunk of this round, until the round's finished rows leave
+  the prompt batch. Rows that start together from the same prefix stay level;
+  mixed prefix lengths, or a row joining a prefill under way, cost up to one
+  chunk more while they prefill.
+- A sliding-window layer keeps at most its window plus one prefill chunk.
 - Recurrent (SSM) state is constant per row.
+
+A lone row (a batch that was empty when it joined) is projected exactly; a
+shared batch gets the bound above, which holds whatever order its rows end in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 KV_STEP = 256
@@ -49,10 +59,30 @@ class CacheLayout:
 
 @dataclass(frozen=True)
 class RowExtent:
-    """A row's projected final length in tokens, and how much came from the prompt cache."""
+    """What admission projects for a row.
 
-    tokens: int
+    ``prompt`` tokens, of which ``cached`` come from the prompt cache, then
+    ``decode`` generated tokens counted (``min(max_tokens, decode_allowance)``).
+    ``prefilling`` until its first token, with ``prefilled`` prompt tokens
+    done so far: rows prefilled together share a position (see the module
+    docstring).
+    """
+
+    prompt: int
+    decode: int = 0
     cached: int = 0
+    prefilling: bool = True
+    prefilled: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """The row's projected final length: prompt plus counted decode."""
+        return self.prompt + self.decode
+
+    @property
+    def rest(self) -> int:
+        """Prompt tokens left to prefill after the cached prefix."""
+        return self.prompt - self.cached
 
 
 def stepped(tokens: int, step: int = KV_STEP) -> int:
@@ -63,28 +93,89 @@ def stepped(tokens: int, step: int = KV_STEP) -> int:
 def row_extent(
     prompt_tokens: int, max_tokens: int, decode_allowance: int, cached: int = 0
 ) -> RowExtent:
-    """Tokens a row is projected to reach: its prompt plus the decode allowance."""
-    return RowExtent(prompt_tokens + min(max_tokens, decode_allowance), min(cached, prompt_tokens))
+    """A row's extent: its prompt, the decode allowance it is counted for, its cached prefix."""
+    return RowExtent(
+        prompt_tokens, min(max_tokens, decode_allowance), max(0, min(cached, prompt_tokens - 1))
+    )
 
 
-def row_capacity(extent: RowExtent) -> int:
-    """Token slots a row's cache will have allocated when it reaches ``extent``."""
-    return extent.cached + stepped(extent.tokens - extent.cached)
+def lone_capacity(extent: RowExtent, prefill_step_size: int) -> int:
+    """Token slots a row's full-attention cache holds at its end when it runs alone.
+
+    mlx-lm's growth replayed: the cached prefix as it is, the rest of the
+    prompt but its last token in prefill chunks (each growth adds whole
+    steps from the position where the cache ran out), then one token at a
+    time up to ``extent.tokens``.
+    """
+    capacity = position = extent.cached
+    left = extent.prompt - extent.cached - 1  # the first decode step feeds the last one
+    while left > 0:
+        n = min(prefill_step_size, left)
+        if position + n > capacity:
+            capacity = position + stepped(n)
+        position += n
+        left -= n
+    end = extent.tokens
+    if end > capacity:
+        capacity += stepped(end - capacity)
+    return capacity
+
+
+def shared_capacity(
+    rows: Sequence[RowExtent], prefill_step_size: int, prompt_concurrency: int = 1
+) -> int:
+    """Token slots per row a shared batch holding ``rows`` may reach, whatever order they end in.
+
+    The batch's position never passes its longest row's final length, or,
+    while rows prefill at different positions, the longest prompt among
+    them plus one chunk of the longest rest; the spare capacity stays below
+    one step.
+    """
+    peak = max(r.tokens for r in rows)
+    prefilling = [r for r in rows if r.prefilling]
+    if _uneven(prefilling, prompt_concurrency):
+        longest_rest = max(r.rest for r in prefilling)
+        peak = max(peak, max(r.prompt for r in prefilling) + min(prefill_step_size, longest_rest))
+    return peak + KV_STEP - 1
+
+
+def _uneven(prefilling: Sequence[RowExtent], prompt_concurrency: int) -> bool:
+    """Whether rows prefilling together can stand at different positions.
+
+    Rows that start in one prompt batch from prefixes of one length stay
+    level (the longest rest sets the pace); any other mix can leave a row a
+    chunk ahead of every row's own length for a round.
+    """
+    if len(prefilling) < 2:
+        return False
+    level = len({r.cached for r in prefilling}) == 1 and not any(r.prefilled for r in prefilling)
+    return not (level and len(prefilling) <= prompt_concurrency)
 
 
 def project_batch_bytes(
-    layout: CacheLayout, rows: Sequence[RowExtent], prefill_step_size: int
+    layout: CacheLayout,
+    rows: Sequence[RowExtent],
+    prefill_step_size: int,
+    *,
+    lone: bool = False,
+    prompt_concurrency: int = 1,
 ) -> int:
     """Projected KV bytes of a batch holding ``rows``.
 
-    Every row pays for the longest row's capacity (the batch caches share
-    one), window layers cap at the window plus one prefill chunk, and state
-    layers cost the same per row regardless of length.
+    Every row pays for the batch's capacity (the batch caches share one),
+    window layers cap at the window plus one prefill chunk, and state layers
+    cost the same per row regardless of length. ``lone``: the batch is one
+    row that joined an empty batch and has been alone since (projected
+    exactly); otherwise the shared bound applies, with ``prompt_concurrency``
+    prompts prefilled in one group.
     """
     if not rows:
         return 0
     n = len(rows)
-    capacity = max(row_capacity(r) for r in rows)
+    if lone and n == 1:
+        capacity = lone_capacity(rows[0], prefill_step_size)
+    else:
+        capacity = shared_capacity(rows, prefill_step_size, prompt_concurrency)
     total = 0
     for layer in layout.layers:
         if layer.kind == "full":
@@ -96,12 +187,17 @@ def project_batch_bytes(
     return total
 
 
+def alone_bytes(layout: CacheLayout, candidate: RowExtent, prefill_step_size: int) -> int:
+    """The candidate's projected bytes in an otherwise empty batch."""
+    return project_batch_bytes(layout, [candidate], prefill_step_size, lone=True)
+
+
 Waiting = Literal["batch_full", "budget"]
 
 
 @dataclass(frozen=True)
 class Admission:
-    """The answer for the head of the pending queue."""
+    """The answer for a candidate at the head of the pending queue."""
 
     admit: bool
     waiting_for: Waiting | None
@@ -117,6 +213,7 @@ def check_admission(
     budget: int,
     real_bytes: int,
     prefill_step_size: int,
+    prompt_concurrency: int = 1,
 ) -> Admission:
     """May ``candidate`` join the ``running`` rows now?
 
@@ -125,7 +222,13 @@ def check_admission(
     allowance: then admission stops, and no running row is ever dropped), and
     the projection of the batch with the candidate fits the budget.
     """
-    projected = project_batch_bytes(layout, [*running, candidate], prefill_step_size)
+    projected = project_batch_bytes(
+        layout,
+        [*running, candidate],
+        prefill_step_size,
+        lone=not running,
+        prompt_concurrency=prompt_concurrency,
+    )
     if len(running) >= batch_size:
         return Admission(False, "batch_full", projected)
     if real_bytes > budget or projected > budget:
@@ -137,8 +240,46 @@ def never_fits(
     layout: CacheLayout, candidate: RowExtent, budget: int, prefill_step_size: int
 ) -> int | None:
     """The projected bytes if ``candidate`` alone exceeds ``budget``, else None."""
-    alone = project_batch_bytes(layout, [candidate], prefill_step_size)
+    alone = alone_bytes(layout, candidate, prefill_step_size)
     return alone if alone > budget else None
+
+
+@dataclass(frozen=True)
+class HitPlan:
+    """What to do with a candidate's prompt-cache hit so that it can ever run.
+
+    ``cached``: the prefix to keep (the hit, a shorter one ending on a step,
+    or 0: none); ``refused``: the projected bytes when even no hit fits.
+    """
+
+    cached: int
+    refused: int | None = None
+
+
+def plan_hit(
+    layout: CacheLayout,
+    candidate: RowExtent,
+    budget: int,
+    prefill_step_size: int,
+    *,
+    trimmable: bool,
+) -> HitPlan:
+    """Keep the candidate's cached prefix when the row can fit alone with it; else re-plan.
+
+    A prefix that does not end on a 256-token step makes the row's cache one
+    step larger than the same row without it, so a hit can turn a request
+    that fits into one that never does. Then the hit is cut back to the
+    last step boundary (when the cache can be trimmed), else dropped; when
+    not even the bare request fits, ``refused`` holds its projection.
+    """
+    if alone_bytes(layout, candidate, prefill_step_size) <= budget:
+        return HitPlan(candidate.cached)
+    if trimmable and candidate.cached >= KV_STEP:
+        cut = candidate.cached // KV_STEP * KV_STEP
+        if alone_bytes(layout, replace(candidate, cached=cut), prefill_step_size) <= budget:
+            return HitPlan(cut)
+    bare = alone_bytes(layout, replace(candidate, cached=0), prefill_step_size)
+    return HitPlan(0) if bare <= budget else HitPlan(0, refused=bare)
 
 
 def headroom_bytes(device_bytes: int) -> int:

@@ -1,0 +1,88 @@
+"""Keeping mlx-lm's KV caches as large as admission projects them, and no larger.
+
+Two gaps in mlx-lm 0.32 that make a cache hold more than its tokens need
+(both would be fixed upstream by trimming to the offset before growing):
+
+- a prompt-cache entry fetched for a shorter prompt is *trimmed* by moving
+  its offset back; its arrays keep the stored entry's full length, so a copy
+  of a 5,000-token conversation reused for its first 40 tokens still holds
+  5,000 slots (in the pending queue, then in the generator's queue);
+- ``KVCache`` / ``BatchKVCache.update_and_fetch`` only trims unused
+  capacity before growing when the offset is not a multiple of the step,
+  so a prompt batch whose position lands on a multiple of 256 with spare
+  capacity left (after finished rows are filtered out) grows from the old
+  capacity instead of from its position: up to a whole prefill chunk more.
+
+:func:`compact` cuts a fetched cache to its offset; :func:`normalize` cuts
+the spare capacity of a cache sitting on a step boundary before the next
+prefill chunk. Both copy only what they keep (``mx.contiguous``), so the
+bytes a cache reports are the bytes it holds. Engine thread only (MLX).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache, trim_prompt_cache
+
+_STEP = 256
+
+
+def _leaves(caches: Iterable[Any]) -> Iterator[Any]:
+    for c in caches:
+        if isinstance(c, CacheList):
+            yield from _leaves(c.caches)
+        else:
+            yield c
+
+
+def _cut(cache: Any, length: int) -> None:
+    cache.keys = mx.contiguous(cache.keys[..., :length, :])
+    cache.values = mx.contiguous(cache.values[..., :length, :])
+    mx.eval(cache.keys, cache.values)
+
+
+def compact(caches: list[Any] | None) -> None:
+    """Drop the slots past the offset of every full-attention layer of a fetched cache."""
+    if not caches:
+        return
+    for c in _leaves(caches):
+        if type(c) is KVCache and c.keys is not None and c.keys.shape[2] > c.offset:
+            _cut(c, c.offset)
+
+
+def normalize(caches: Iterable[Any]) -> None:
+    """Drop spare capacity of full-attention caches whose position sits on a step boundary.
+
+    Called before each prefill chunk (a decode step only grows a full cache),
+    so every growth starts at the cache's position, as admission projects.
+    """
+    for c in _leaves(caches):
+        if isinstance(c, BatchKVCache):
+            position = c._idx
+        elif type(c) is KVCache:
+            position = c.offset
+        else:
+            continue
+        if c.keys is not None and position % _STEP == 0 and c.keys.shape[2] > position:
+            _cut(c, position)
+
+
+def cut_prefix(
+    cache: list[Any] | None, prompt: list[int], rest: list[int], cached: int
+) -> tuple[list[Any] | None, list[int]]:
+    """Keep only the first ``cached`` tokens of a fetched prefix (0: none of it).
+
+    ``cache`` covers ``prompt`` but ``rest``; the cut cache must be trimmable
+    unless ``cached`` is 0. Returns the cache and the tokens left to prefill.
+    """
+    have = len(prompt) - len(rest)
+    if cache is None or cached >= have:
+        return cache, rest
+    if cached <= 0:
+        return None, prompt
+    trim_prompt_cache(cache, have - cached)
+    compact(cache)
+    return cache, prompt[cached:]
