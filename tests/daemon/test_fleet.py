@@ -280,3 +280,52 @@ def test_mlxd_status_lists_every_model(daemon):
         assert f"    {model}: " in text
     assert "a: loaded, chat, default, pinned" in text
     assert code == 0  # the pinned model is loaded; the others load on demand
+
+
+def test_a_live_prompt_cache_change_moves_the_models_reservation(tmp_path, paths):
+    """Issue 20: the cap's reservation follows a reload; refusals name the key to change."""
+
+    def config(cap: str) -> str:
+        return toml_config(
+            memory={"budget": "64MiB"},
+            models={
+                "a": {"path": str(paths["a"]), "pin": True, "prompt_cache": {"max_bytes": cap}}
+            },
+        )
+
+    def reserved() -> int:
+        return d.stats()["fleet"]["models"][0]["reserved_bytes"]
+
+    def reload(cap: str) -> dict:
+        d.write_config(config(cap))
+        return d.reload().json()
+
+    d = Daemon(tmp_path, config("1GiB")).start()  # pinned: it loads over the budget
+    try:
+        a = reserved() - 1024 * MiB  # the weights as the load measured them
+        assert 0 < a < 64 * MiB
+        refused = chat(d, "a")
+        assert refused.status_code == 400
+        message = refused.json()["error"]["message"]
+        assert refused.json()["error"]["code"] == "context_over_budget"
+        assert "[models.a.prompt_cache] max_bytes" in message and "kv_budget" not in message
+        assert "[memory] budget (64.0 MiB)" in message and "1.0 GiB of it" in message
+
+        assert reload("8MiB")["outcome"] == "applied"  # shrinks at once
+        assert reserved() == a + 8 * MiB
+        assert chat(d, "a").status_code == 200
+
+        grown = reload("1GiB")  # does not fit: the model keeps 8 MiB, and says so
+        assert grown["outcome"] == "partial"
+        assert "prompt cache of a stays at 8.0 MiB" in grown["error"]
+        assert "1.0 GiB does not fit in [memory] budget" in grown["error"]
+        assert reserved() == a + 8 * MiB
+        assert d.stats()["prompt_cache"]["max_bytes"] == 8 * MiB
+        assert chat(d, "a").status_code == 200
+
+        assert reload("16MiB")["outcome"] == "applied"  # fits: reserved
+        assert reserved() == a + 16 * MiB
+        assert d.stats()["prompt_cache"]["max_bytes"] == 16 * MiB
+        assert chat(d, "a").status_code == 200
+    finally:
+        d.stop()

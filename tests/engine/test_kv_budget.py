@@ -27,9 +27,7 @@ def mixed_prompt(rnd: random.Random) -> list[int]:
     ("family", "budget_tokens"),
     [("llama", 1800), ("gemma3_text", 1800), ("qwen3_5", 2400)],
 )
-def test_real_kv_bytes_never_pass_the_budget_under_a_mixed_load(
-    tiny_models, family, budget_tokens
-):
+def test_real_kv_bytes_never_pass_the_budget_under_a_mixed_load(tiny_models, family, budget_tokens):
     per_token = {"llama": 1024, "gemma3_text": 3072, "qwen3_5": 1024}[family]
     budget = budget_tokens * per_token
     settings = {

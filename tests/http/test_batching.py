@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 
 import httpx
@@ -153,8 +154,10 @@ def test_a_row_whose_logits_processor_raises_fails_alone(daemon):
 
 @pytest.fixture(scope="module")
 def budgeted(daemons, tiny_models):
-    # tiny llama: 1 KiB per token per row; each request below projects 256 slots (256 KiB)
-    budget = 2 * 256 * 1024
+    # tiny llama: 1 KiB per token per row. Each request below (a short chat prompt +
+    # 100 tokens) projects 256 slots alone, and prompt + 100 + 255 in a shared batch:
+    # two fit, three do not.
+    budget = 2 * 400 * 1024
     text = toml_config(
         model={"path": str(tiny_models("llama"))},
         batch={"size": 8, "kv_budget": budget, "decode_allowance": 100},
@@ -192,7 +195,7 @@ def test_real_kv_bytes_never_exceed_a_small_budget(budgeted):
 
 
 def test_a_request_that_can_never_fit_gets_400(budgeted):
-    daemon, budget = budgeted
+    daemon, _ = budgeted
     r = httpx.post(
         f"{daemon.url}/v1/chat/completions",
         json={
@@ -204,7 +207,128 @@ def test_a_request_that_can_never_fit_gets_400(budgeted):
     )
     assert r.status_code == 400
     err = r.json()["error"]
-    assert err["code"] == "context_over_budget" and str(budget) in err["message"]
+    assert err["code"] == "context_over_budget"
+    assert "[batch] kv_budget (800 KiB)" in err["message"]
+
+
+async def sse_lines(response: httpx.Response):
+    """An event stream's lines, split on line feeds only, as SSE defines them (httpx's
+    ``aiter_lines`` also splits on U+2028 and U+0085, which JSON leaves unescaped and a
+    random tiny model does emit)."""
+    pending = ""
+    async for text in response.aiter_text():
+        *lines, pending = (pending + text).split("\n")
+        for line in lines:
+            yield line.rstrip("\r")
+
+
+SOAK_WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "while",
+    "dogs",
+    "ran",
+    "over",
+    "green",
+    "hills",
+    "and",
+    "birds",
+    "sang",
+]
+
+
+@pytest.fixture(scope="module")
+def soaked(daemons, tiny_models):
+    # The issue's soak (kv_budget = "64MiB" on the demo model: about 1,456 tokens of
+    # KV), scaled to the tiny llama's 1 KiB per token.
+    budget = 1456 * 1024
+    config = toml_config(
+        model={"path": str(tiny_models("llama"))},
+        batch={"size": 8, "kv_budget": budget},
+        sampling={"temperature": 0.7},
+    )
+    return daemons.get(config, name="kv-soak"), budget
+
+
+def test_real_kv_bytes_stay_within_the_budget_through_a_soak_with_cancels(soaked):
+    """6 clients, conversations of 5-250-word turns sharing prefixes, 10% cancels, 20 s;
+    /stats sampled as fast as it answers, and the engine's own per-step peak."""
+    daemon, budget = soaked
+    model = daemon.model_id()
+    seen: list[int] = []
+    counts = {"ok": 0, "cancelled": 0, "refused": 0}
+    errors: list = []
+    stop = time.monotonic() + 20
+
+    async def client(n: int) -> None:
+        rnd = random.Random(n)
+        system = {"role": "system", "content": "You answer briefly. " * rnd.choice([1, 3, 9])}
+        history: list[dict] = []
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
+            while time.monotonic() < stop:
+                words = " ".join(rnd.choice(SOAK_WORDS) for _ in range(rnd.randint(5, 250)))
+                if not history or rnd.random() < 0.4 or len(history) > 4:
+                    history = [system]
+                messages = [*history, {"role": "user", "content": words}]
+                request = {"model": model, "messages": messages, "stream": True}
+                request["max_tokens"] = rnd.randint(8, 120)
+                cancel_after = rnd.randint(2, 20) if rnd.random() < 0.1 else None
+                text, chunks = "", 0
+                async with c.stream("POST", "/v1/chat/completions", json=request) as r:
+                    if r.status_code != 200:
+                        if r.status_code == 400:
+                            counts["refused"] += 1  # a conversation grew past the budget
+                        else:
+                            errors.append((r.status_code, (await r.aread())[:200]))
+                        history = []
+                        continue
+                    async for line in sse_lines(r):
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        event = json.loads(line[6:])
+                        if "error" in event:
+                            errors.append(event["error"])
+                            break
+                        chunks += 1
+                        if event["choices"]:
+                            text += event["choices"][0]["delta"].get("content") or ""
+                        if cancel_after is not None and chunks >= cancel_after:
+                            break
+                if cancel_after is not None and chunks >= cancel_after:
+                    counts["cancelled"] += 1
+                    history = []
+                else:
+                    counts["ok"] += 1
+                    history = [*messages, {"role": "assistant", "content": text}]
+
+    async def sample() -> None:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as c:
+            while time.monotonic() < stop + 1:
+                seen.append((await c.get("/stats")).json()["batch"]["kv_bytes"])
+                await asyncio.sleep(0.005)
+
+    async def main() -> None:
+        await asyncio.gather(sample(), *(client(n) for n in range(6)))
+
+    asyncio.run(main())
+    stats = daemon.stats()
+    assert errors == [] and counts["ok"] > 20 and counts["cancelled"] > 0, counts
+    assert stats["prompt_cache"]["hits"] > 0  # the turns shared prefixes
+    assert len(seen) > 100 and max(seen) <= budget, (max(seen), budget)
+    assert 0 < stats["batch"]["max_kv_bytes_seen"] <= budget
+    assert stats["counters"]["kv_over_budget_steps"] == 0
+    assert (
+        httpx.post(
+            f"{daemon.url}/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            timeout=60,
+        ).status_code
+        == 200
+    )
 
 
 def test_a_non_streaming_client_that_goes_away_cancels_its_row(daemon):

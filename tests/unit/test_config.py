@@ -89,6 +89,15 @@ def test_negative_budget_is_refused(tmp_path):
         load_settings(write(tmp_path, "[batch]\nkv_budget = -5\n"))
 
 
+@pytest.mark.parametrize("text", ["[batch]\nkv_budget = 0\n", "[memory]\nbudget = 0\n"])
+def test_a_zero_budget_is_refused_in_words_that_fit_its_key(tmp_path, text):
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text))
+    (issue,) = caught.value.issues
+    assert 'must be a positive size such as 512MiB or 8GiB, or "auto"' in str(issue)
+    assert "KV" not in str(issue)  # [memory] budget is not a KV budget
+
+
 def test_invalid_toml_names_the_line(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_settings(write(tmp_path, "[server]\nport = 8080\nhost = \n"))

@@ -263,7 +263,6 @@ class EngineCore:
         """End a queued ``row`` that can never fit: the documented 400, naming the key."""
         what = f"This request ({len(row.prompt)} prompt tokens + {row.extent.decode} to generate)"
         message = f"The KV budget changed while this request waited: {self.room.over(needed, what)}"
-        self.counters.reject("context_over_budget")
         self.fail(row, message, code="context_over_budget", status=400)
 
     # ------------------------------------------------------------ prompt cache
