@@ -43,11 +43,13 @@ def admit(core: EngineCore) -> None:
     while index < len(core.pending):
         row = core.pending[index]
         if row.prefetched is None:
-            planned = core.plan_cache(row, *core.fetch_cache(row.prompt))
-            if planned is None:  # it can never fit the budget: refused
-                del core.pending[index]
-                continue
-            row.prefetched = planned
+            row.prefetched = core.fetch_cache(row.prompt)
+        # Planned on every pass: the budget may have shrunk since the lookup.
+        planned = core.plan_cache(row, *row.prefetched)
+        if planned is None:  # it can never fit the budget: refused
+            del core.pending[index]
+            continue
+        row.prefetched = planned
         check = _check(core, row)
         if check.admit and not _claim(core, check):
             core.waiting_for, raced = "budget", True  # another model claimed it meanwhile
