@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from mlxd.config import load_settings
 from mlxd.engine.messages import Failed, SamplingParams
 from tests.support.engine import consume, running_engine, settled, token_request
 
@@ -98,3 +99,35 @@ def test_rows_prefilled_from_prefixes_of_different_lengths_stay_within_the_budge
     assert outs[1].end.usage.cached_tokens == 300
     assert 0 < snap.batch.max_kv_bytes_seen <= budget
     assert snap.counters["kv_over_budget_steps"] == 0
+
+
+def test_a_reload_projects_queued_requests_anew_and_refuses_what_can_never_fit(tiny_models):
+    llama = tiny_models("llama")
+    with running_engine(llama, batch={"size": 4}) as engine:
+
+        async def main():
+            seeded = SamplingParams(temperature=0.0, seed=1)
+            serial = asyncio.create_task(
+                consume(engine, token_request("serial", [5, 6, 7], 150, sampling=seeded))
+            )
+            while not any(r.id == "serial" for r in engine.snapshot().rows):
+                await asyncio.sleep(0.005)
+            # Queued behind the serial row: 300 + min(300, allowance) and 700 + 10 tokens.
+            fits = asyncio.create_task(consume(engine, token_request("fits", BASES[0][:300], 300)))
+            never = asyncio.create_task(consume(engine, token_request("never", BASES[1][:700], 10)))
+            while len(engine.snapshot().pending) < 2:
+                await asyncio.sleep(0.005)
+            # 600 slots: "fits" needs 512 with the new allowance (768 with the old one);
+            # "never" needs 768 whatever the allowance.
+            batch = {"size": 4, "kv_budget": "600KiB", "decode_allowance": 64}
+            settings = load_settings(
+                None, overrides={"model": {"path": str(llama)}, "batch": batch}
+            )
+            await asyncio.wrap_future(engine.apply(settings))
+            return await asyncio.wait_for(asyncio.gather(serial, fits, never), 60)
+
+        serial, fits, never = asyncio.run(main())
+    assert serial.ok and fits.ok and len(fits.tokens) > 0
+    assert isinstance(never.end, Failed)
+    assert (never.end.status, never.end.code) == (400, "context_over_budget")
+    assert "while this request waited" in never.end.message

@@ -147,7 +147,11 @@ class EngineCore:
         self.prompt_cache.configure(settings.prompt_cache, self.live_bytes())
         if self.batch is not None:
             self.batch.configure(settings.batch)
-        self.update_room()
+        allowance = settings.batch.decode_allowance  # queued rows are projected anew
+        for queue in (self.pending, self.serial_queue):
+            for row in queue:
+                row.extent = replace(row.extent, decode=min(row.max_tokens, allowance))
+        self.update_room(recheck=True)
 
     def release(self) -> None:
         """Drop every MLX object; called on the engine thread before it exits.
@@ -219,11 +223,12 @@ class EngineCore:
         serial = self.serial.nbytes if self.serial is not None else 0
         return min(self.budget_bytes, self.pool.kv_limit(self.pool_id) - serial)
 
-    def update_room(self) -> None:
-        """Recompute the KV budget in effect; when it shrank, refuse what can no longer fit."""
+    def update_room(self, *, recheck: bool = False) -> None:
+        """Recompute the KV budget in effect; when it shrank (or ``recheck``: the
+        projections changed), refuse the queued requests that can no longer fit."""
         before = self.room.bytes
         self.room = self._room()
-        if self.room.bytes < before:
+        if recheck or self.room.bytes < before:
             self.refuse_unfittable()
 
     def _room(self) -> KvRoom:
