@@ -166,6 +166,8 @@ def status_lines(url: str, s: dict[str, Any]) -> tuple[list[str], int]:
         lines.append(f"  model error: {model['error']}")
     if s.get("last_error"):
         lines.append(f"  last error: {s['last_error']}")
+    if s.get("stalled_reason"):
+        lines.append(f"  stalled: {s['stalled_reason']}")
     fleet = s.get("fleet") or {}
     models = fleet.get("models", [])
     if len(models) > 1:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from mlxd.control import status_lines
 from tests.support.daemon import Daemon, toml_config
 
 WORDS = "the cat sat on the mat " * 200
@@ -150,6 +151,8 @@ def test_a_stalled_request_shows_in_stats_ready_and_the_dashboard_and_blocks_nob
         assert ready.json()["reason"] == f"engine {model} stalled: {reason}"
         bar = httpx.get(f"{daemon.url}/dashboard/status-bar").text
         assert 'data-field="stalled"' in bar and stuck["id"] in bar
+        lines, code = status_lines(daemon.url, stats)  # what `mlxd status` prints
+        assert f"  stalled: {reason}" in lines and code == 1
         # Requests behind the stalled one are admitted past it.
         assert complete(daemon, "hello", 5).status_code == 200
     finally:
