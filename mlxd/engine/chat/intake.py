@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.config import Settings
+from mlxd.engine.chat import checkpoints
 from mlxd.engine.chat.grammar import ConstraintProcessor, GrammarError
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.output import initial_phase
@@ -118,6 +119,9 @@ class Prepared:
     phase: str = "normal"
     # The row's grammar, as a logits processor (mlxd.engine.chat.grammar).
     constraint: Any = None
+    # Where the system prefix and the reusable prompt end (mlxd.engine.chat.checkpoints).
+    system_end: int | None = None
+    prompt_end: int | None = None
 
 
 def check_tools(loaded: LoadedModel, request: GenerationRequest) -> Failed | None:
@@ -196,7 +200,44 @@ def prepare(
         processor = constraint_processor(loaded, request.constraint, phase)
         if isinstance(processor, Failed):
             return processor
-    return Prepared(prompt, max_tokens, decision, extent, phase, processor)
+    system_end, prompt_end = None, len(prompt) - 1
+    if isinstance(request.prompt, ChatPrompt):
+        system_end = system_prefix_end(loaded, request.prompt, prompt)
+        prompt_end = checkpoints.prompt_end(loaded.tokenizer, prompt)
+    return Prepared(prompt, max_tokens, decision, extent, phase, processor, system_end, prompt_end)
+
+
+_SYSTEM_ROLES = ("system", "developer")
+
+
+def system_prefix_end(loaded: LoadedModel, prompt: ChatPrompt, ids: list[int]) -> int | None:
+    """Where the system/developer messages and the tool schemas end in ``ids``, or None.
+
+    The template renders them followed by an empty user message, as
+    mlx_lm.server does; the tokens both renderings share are the prefix every
+    conversation with these instructions and tools starts with. A template
+    that refuses that rendering just gets no such checkpoint.
+    """
+    tokenizer = loaded.tokenizer
+    leading = 0
+    for message in prompt.messages:
+        if message.get("role") not in _SYSTEM_ROLES:
+            break
+        leading += 1
+    if not tokenizer.has_chat_template or (leading == 0 and not prompt.tools):
+        return None
+    kwargs = dict(prompt.template_kwargs)
+    if prompt.tools:
+        kwargs["tools"] = [dict(t) for t in prompt.tools]
+    messages = [dict(m) for m in prompt.messages[:leading]] + [{"role": "user", "content": ""}]
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=False, **kwargs
+        )
+        system_ids = encode(tokenizer, text, special=False)
+    except Exception:  # the template wants more than a system part: no checkpoint there
+        return None
+    return checkpoints.system_end(ids, system_ids)
 
 
 def constraint_processor(loaded: LoadedModel, constraint: Constraint, phase: str) -> Any:

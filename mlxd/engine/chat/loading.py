@@ -51,6 +51,10 @@ class LoadedModel:
     key: str
     # llguidance's tokenizer and compiled-grammar cache (mlxd.engine.chat.grammar).
     grammars: Grammars | None = None
+    # make_prompt_cache's top-level classes, one per layer (a disk entry must match them).
+    cache_classes: tuple[str, ...] = ()
+    # Every layer's cache can be cut back to any prefix (KVCache): no checkpoints needed.
+    rewindable: bool = False
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
@@ -97,6 +101,17 @@ def _flatten(caches: list[Any]) -> list[Any]:
         inner = getattr(c, "caches", None)
         out.extend(_flatten(list(inner)) if inner is not None else [c])
     return out
+
+
+# Caches that can be cut back to any shorter prefix, whatever they hold.
+_REWINDABLE = {"KVCache", "QuantizedKVCache", "ConcatenateKVCache"}
+
+
+def cache_facts(model: Any) -> tuple[tuple[str, ...], bool]:
+    """The model's layer cache classes, and whether every one of them can be rewound."""
+    caches = make_prompt_cache(model)
+    classes = tuple(type(c).__name__ for c in caches)
+    return classes, all(type(c).__name__ in _REWINDABLE for c in _flatten(caches))
 
 
 def _capabilities(model: Any) -> Capabilities:
@@ -221,6 +236,7 @@ def load_model(
     )
     layout, logits_width = measure_layout(model)
     capabilities = _capabilities(model)
+    cache_classes, rewindable = cache_facts(model)
     grammars = _grammars(tokenizer, logits_width)
     # Every id must index both the tokenizer and the model's embedding/logits.
     vocab = min(len(tokenizer), logits_width)
@@ -262,6 +278,8 @@ def load_model(
         weights_bytes=weights,
         key=f"{path}#{generation}",
         grammars=grammars,
+        cache_classes=cache_classes,
+        rewindable=rewindable,
     )
 
 

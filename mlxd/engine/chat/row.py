@@ -17,6 +17,7 @@ from mlxd.engine.channel import Channel
 from mlxd.engine.chat.output import OutputSplitter, Split
 from mlxd.engine.chat.stops import TextStream
 from mlxd.engine.messages import (
+    CacheLookup,
     Delta,
     Failed,
     Finished,
@@ -58,8 +59,15 @@ class Row:
     generated: int = 0
     # Every sampled token, end-of-sequence included (what the KV cache holds).
     generated_ids: list[int] = field(default_factory=list)
-    # The head of the pending queue keeps its prompt-cache lookup while it waits.
-    prefetched: tuple[Any, list[int]] | None = None
+    # The head of the pending queue keeps its prompt-cache lookup (a Fetched) while it waits.
+    prefetched: Any = None
+    # Where the system prefix and the reusable prompt end (intake; None: no such point).
+    system_end: int | None = None
+    prompt_end: int | None = None
+    # Checkpoints still to take while prefilling: (position, kind), in order.
+    checkpoints: list[tuple[int, Any]] = field(default_factory=list)
+    # The prompt-cache lookup made at admission.
+    lookup: CacheLookup | None = None
     admitted_mono: float | None = None
     first_token_mono: float | None = None
     cancelled: bool = False
@@ -120,7 +128,13 @@ class Row:
         final: FinishReason = reason
         if reason == "stop" and self.output.calls:
             final = "tool_calls"
-        event = Finished(final, self.usage(), self.timings(), stop_sequence=self.text.matched)
+        event = Finished(
+            final,
+            self.usage(),
+            self.timings(),
+            stop_sequence=self.text.matched,
+            lookup=self.lookup,
+        )
         self.channel.push(event)
         return event
 
