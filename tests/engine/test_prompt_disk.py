@@ -57,7 +57,7 @@ def test_entries_outlive_the_engine_and_give_what_a_cold_prefill_gives(
 ):
     model, tokenizer = tiny_loaded(family)
     first = prompt(tokenizer, 260)
-    turn2 = first + [50, 51, 52, 53]
+    turn2 = [*first, 50, 51, 52, 53]
     with running_engine(tiny_models(family), prompt_cache=disk(tmp_path)) as engine:
         (warm,) = run_all(engine, [token_request("a", first, MAX_TOKENS)])
     assert warm.ok and files(tmp_path / "cache")  # written when the engine stopped at the latest
@@ -89,7 +89,10 @@ def test_bad_files_are_dropped_with_a_warning_and_the_request_is_served(
     truncated, garbled, foreign = written[:3]
     truncated.write_bytes(truncated.read_bytes()[:-100])
     garbled.write_bytes(b"\xff" * 64)
-    header = b'{"__metadata__": {"0.mlxd_format": "0"}, "x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    header = (
+        b'{"__metadata__": {"0.mlxd_format": "0"},'
+        b' "x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    )
     foreign.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
     survivors = set(written[3:])
     caplog.set_level(logging.WARNING, logger="mlxd.engine.chat.prompt_disk")
@@ -102,11 +105,11 @@ def test_bad_files_are_dropped_with_a_warning_and_the_request_is_served(
         victim = next(p for p in sorted(survivors) if read_metadata(p)[0]["0.kind"] == "user")
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
         outs = run_all(
-            engine, [token_request(f"r{i}", p + [7, 8], MAX_TOKENS) for i, p in enumerate(prompts)]
+            engine, [token_request(f"r{i}", [*p, 7, 8], MAX_TOKENS) for i, p in enumerate(prompts)]
         )
         state = settled(engine).prompt_cache
     assert all(o.ok for o in outs)
-    assert [o.tokens for o in outs] == [cold(model, tokenizer, p + [7, 8]) for p in prompts]
+    assert [o.tokens for o in outs] == [cold(model, tokenizer, [*p, 7, 8]) for p in prompts]
     assert state.disk_corrupt == 4 and not victim.exists()
     dropped = [r for r in caplog.records if "dropping the prompt-cache file" in r.getMessage()]
     assert len(dropped) == 4
@@ -170,7 +173,7 @@ def test_a_full_disk_turns_the_tier_off_and_requests_go_on(
 def test_two_engines_sharing_a_directory_leave_only_whole_files(tmp_path, tiny_models):
     model_dir = tiny_models("qwen3_5")
     keys = disk(tmp_path, max_entries=3)
-    shared = [[(k * 13) % 400 + 20 for k in range(180)] for _ in range(1)][0]
+    shared = next([(k * 13) % 400 + 20 for k in range(180)] for _ in range(1))
     with (
         running_engine(model_dir, prompt_cache=keys) as one,
         running_engine(model_dir, prompt_cache=keys) as two,
@@ -181,7 +184,7 @@ def test_two_engines_sharing_a_directory_leave_only_whole_files(tmp_path, tiny_m
             for i in range(6):
                 mine = [(i * 41 + k) % 400 + 20 for k in range(160)]
                 for engine, tag in ((one, "a"), (two, "b")):
-                    jobs.append(consume(engine, token_request(f"{tag}{i}", shared + [i], 4)))
+                    jobs.append(consume(engine, token_request(f"{tag}{i}", [*shared, i], 4)))
                     jobs.append(consume(engine, token_request(f"{tag}{i}m", mine, 4)))
             return await asyncio.gather(*jobs)
 
@@ -192,5 +195,5 @@ def test_two_engines_sharing_a_directory_leave_only_whole_files(tmp_path, tiny_m
         read_metadata(path)  # whole: header and size agree
     with running_engine(model_dir, prompt_cache=keys) as engine:
         assert engine.snapshot().prompt_cache.disk_corrupt == 0
-        (out,) = run_all(engine, [token_request("x", shared + [2, 3], 4)])
+        (out,) = run_all(engine, [token_request("x", [*shared, 2, 3], 4)])
     assert out.end.lookup.source == "disk" and out.end.usage.cached_tokens >= len(shared)  # type: ignore[union-attr]
