@@ -27,7 +27,11 @@ _VALUE = -1
 
 @dataclass(frozen=True)
 class Walk(Generic[V]):
-    """What one prompt found in the trie (see the module docstring)."""
+    """What one prompt found in the trie (see the module docstring).
+
+    ``prefix_len`` and ``below_len`` are the lengths of the stored sequences;
+    ``below`` serves ``min(common, limit)`` tokens once cut back.
+    """
 
     common: int
     prefix: V | None = None
