@@ -17,9 +17,9 @@ kind; a hit makes an entry recent again. The byte cap shrinks by the live
 batch's KV bytes, so the cache and the batch share one ceiling.
 
 With the disk tier on (:mod:`.prompt_disk`), ``system`` entries are written
-to disk when they are made, every other kind but ``checkpoint`` when it
-leaves RAM or the model unloads; a lookup that disk can serve better than
-RAM reads the file.
+to disk when they are made, ``user`` entries (and ``assistant`` ones that can
+be cut back) when they leave RAM or the model unloads; a lookup that disk
+can serve better than RAM reads the file.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ class PromptCache:
             self._spill(entry)
 
     def _spill(self, entry: Entry) -> None:
-        if self.disk is not None and not entry.on_disk and entry.kind != "checkpoint":
+        if self.disk is not None and not entry.on_disk and _worth_writing(entry):
             self.disk.write(
                 entry.tokens, entry.cache, kind=entry.kind, trimmable=entry.trimmable, spilled=True
             )
@@ -287,7 +287,7 @@ class PromptCache:
         if disk is None:
             return
         for entry in list(self._entries.values()):
-            if not entry.on_disk and entry.kind != "checkpoint":
+            if not entry.on_disk and _worth_writing(entry):
                 entry.on_disk = disk.write(
                     entry.tokens,
                     entry.cache,
@@ -349,3 +349,13 @@ class PromptCache:
             disk_corrupt=disk.corrupt if disk is not None else 0,
             disk_write_errors=disk.write_errors if disk is not None else 0,
         )
+
+
+def _worth_writing(entry: Entry) -> bool:
+    """Whether an entry leaving RAM goes to disk (docs/design.md, "The disk tier").
+
+    Periodic checkpoints do not; neither does the finished row of a model that
+    cannot be cut back: the next turn starts from the prompt's end checkpoint,
+    and the answer's few tokens are not worth hundreds of MB of disk a turn.
+    """
+    return entry.kind in ("system", "user") or (entry.kind == "assistant" and entry.trimmable)
