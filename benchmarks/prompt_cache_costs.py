@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlxd.engine.messages import Finished  # noqa: E402
-from tests.support.engine import run_all, running_engine, settled, token_request  # noqa: E402
+from mlxd.engine.messages import Finished
+from tests.support.engine import run_all, running_engine, settled, token_request
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -107,9 +107,8 @@ def main() -> None:
         print(f"round: disk tier, {args.tokens} tokens", file=sys.stderr)
         d = disk(args.model, prompt, state)
     print(f"\n{args.model.name}, a {args.tokens}-token prompt, edited at a random point\n")
-    print(
-        "| checkpoint_every | cold prefill s | checkpoints | RAM MiB | edited: cached | edited: TTFT s |"
-    )
+    columns = ["cold prefill s", "checkpoints", "RAM MiB", "edited: cached", "edited: TTFT s"]
+    print("| checkpoint_every | " + " | ".join(columns) + " |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for v in values:
         rs = rows[v]
@@ -121,9 +120,9 @@ def main() -> None:
             f"| {mean['cached']:.0f} | {mean['ttft_s']:.2f} |"
         )
     print(
-        f"\ndisk tier: {d['mib']:.1f} MiB on disk for {d['ram_mib']:.1f} MiB in RAM; stop and flush "
-        f"{d['flush_s']:.2f} s; after a restart the first hit served {d['cached']} tokens, "
-        f"TTFT {d['ttft_s']:.2f} s (the read runs on the engine thread)"
+        f"\ndisk tier: {d['mib']:.1f} MiB on disk for {d['ram_mib']:.1f} MiB in RAM; "
+        f"stop and flush {d['flush_s']:.2f} s; after a restart the first hit served "
+        f"{d['cached']} tokens, TTFT {d['ttft_s']:.2f} s (the read runs on the engine thread)"
     )
 
 
