@@ -197,3 +197,35 @@ def test_two_engines_sharing_a_directory_leave_only_whole_files(tmp_path, tiny_m
         assert engine.snapshot().prompt_cache.disk_corrupt == 0
         (out,) = run_all(engine, [token_request("x", [*shared, 2, 3], 4)])
     assert out.end.lookup.source == "disk" and out.end.usage.cached_tokens >= len(shared)  # type: ignore[union-attr]
+
+
+def test_entries_survive_an_unload_and_a_swap_back_and_forth(tmp_path, tiny_models, tiny_loaded):
+    model, tokenizer = tiny_loaded("qwen3_5")
+    first = prompt(tokenizer, 220)
+    keys = disk(tmp_path)
+    with running_engine(tiny_models("qwen3_5"), prompt_cache=keys) as engine:
+        assert run_all(engine, [token_request("a", first, 4)])[0].ok
+        settings = engine.settings
+        engine.unload().result(60)  # RAM entries go to disk first
+        engine.load(settings).result(120)
+        (after_unload,) = run_all(engine, [token_request("b", [*first, 5], MAX_TOKENS)])
+        other = load_settings(
+            None,
+            overrides={
+                "model": {"path": str(tiny_models("llama"))},
+                "server": {"state_dir": settings.server.state_dir},
+                "prompt_cache": keys,
+            },
+        )
+        engine.load(other).result(120)
+        assert run_all(engine, [token_request("c", first, 4)])[0].ok  # another model's cache
+        engine.load(settings).result(120)
+        (after_swap,) = run_all(engine, [token_request("d", [*first, 6], MAX_TOKENS)])
+        state = settled(engine).prompt_cache
+    for out, tail in ((after_unload, 5), (after_swap, 6)):
+        assert isinstance(out.end, Finished) and out.end.lookup is not None
+        assert out.end.lookup.source == "disk" and out.end.usage.cached_tokens >= len(first) - 1
+        assert out.tokens == cold(model, tokenizer, [*first, tail])
+    assert state.disk_corrupt == 0
+    # Each model has its own directory under the same disk_dir.
+    assert len({p.parent for p in files(tmp_path / "cache")}) == 2
