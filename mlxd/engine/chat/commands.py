@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mlxd.config import ModelSettings, Settings
 from mlxd.engine.channel import Channel
 from mlxd.engine.messages import GenerationRequest
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True)
