@@ -149,7 +149,7 @@ class CacheLookup:
       stored sequence (the stored prefix, RAM or disk, that shares the
       longest run of leading tokens with it): ``0`` when nothing stored shares
       even the first token (an empty cache included); ``None`` on a full hit
-      (everything but the last token served). It can exceed
+      (everything but the last token served) and when the cache is off. It can exceed
       ``cached_tokens``: a recurrent or sliding-window cache resumes only
       from a checkpoint at or before the divergence.
     - ``stored``: entries stored for this model when the lookup ran (RAM and

@@ -225,7 +225,10 @@ class EngineCore:
         """The nearest cached prefix of ``prompt`` (RAM or disk) and the tokens left to prefill."""
         if self.loaded is None:
             return Fetched(None, prompt, "none", 0, 0)
-        return self.prompt_cache.fetch(prompt)
+        fetched = self.prompt_cache.fetch(prompt)
+        if fetched.source == "disk":  # what was read is kept in RAM too: back under the cap
+            self.prompt_cache.trim(self.live_bytes())
+        return fetched
 
     def admit_lookup(self, row: Row, fetched: Fetched) -> None:
         """``row`` leaves its queue from ``fetched``: tell its client, remember the lookup.

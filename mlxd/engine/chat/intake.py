@@ -56,6 +56,18 @@ def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
     return list(hf.encode(text, add_special_tokens=special))
 
 
+def render(
+    tokenizer: Any, prompt: ChatPrompt, messages: tuple[dict, ...], *, generation: bool
+) -> str:
+    """``messages`` through the chat template, with ``prompt``'s tools and template variables."""
+    kwargs = dict(prompt.template_kwargs)
+    if prompt.tools:
+        kwargs["tools"] = [dict(t) for t in prompt.tools]
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tokenize=False, add_generation_prompt=generation, **kwargs
+    )
+
+
 def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
     """The prompt's token ids.
 
@@ -66,15 +78,9 @@ def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
     tokenizer = loaded.tokenizer
     prompt = request.prompt
     if isinstance(prompt, ChatPrompt):
-        messages = [dict(m) for m in prompt.messages]
         if tokenizer.has_chat_template:
-            kwargs = dict(prompt.template_kwargs)
-            if prompt.tools:
-                kwargs["tools"] = [dict(t) for t in prompt.tools]
             try:
-                text = tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True, **kwargs
-                )
+                text = render(tokenizer, prompt, prompt.messages, generation=True)
             except Exception as exc:  # jinja2 TemplateError and friends
                 raise IntakeError(
                     f"the model's chat template rejected these messages: {exc}", param="messages"
@@ -226,14 +232,9 @@ def system_prefix_end(loaded: LoadedModel, prompt: ChatPrompt, ids: list[int]) -
         leading += 1
     if not tokenizer.has_chat_template or (leading == 0 and not prompt.tools):
         return None
-    kwargs = dict(prompt.template_kwargs)
-    if prompt.tools:
-        kwargs["tools"] = [dict(t) for t in prompt.tools]
-    messages = [dict(m) for m in prompt.messages[:leading]] + [{"role": "user", "content": ""}]
+    messages = (*prompt.messages[:leading], {"role": "user", "content": ""})
     try:
-        text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=False, **kwargs
-        )
+        text = render(tokenizer, prompt, messages, generation=False)
         system_ids = encode(tokenizer, text, special=False)
     except Exception:  # the template wants more than a system part: no checkpoint there
         return None

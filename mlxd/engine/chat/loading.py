@@ -107,15 +107,13 @@ def _flatten(caches: list[Any]) -> list[Any]:
 _REWINDABLE = {"KVCache", "QuantizedKVCache", "ConcatenateKVCache"}
 
 
-def cache_facts(model: Any) -> tuple[tuple[str, ...], bool]:
-    """The model's layer cache classes, and whether every one of them can be rewound."""
-    caches = make_prompt_cache(model)
+def cache_facts(caches: list[Any]) -> tuple[tuple[str, ...], bool]:
+    """A fresh cache's layer classes, and whether every one of them can be rewound."""
     classes = tuple(type(c).__name__ for c in caches)
     return classes, all(type(c).__name__ in _REWINDABLE for c in _flatten(caches))
 
 
-def _capabilities(model: Any) -> Capabilities:
-    caches = make_prompt_cache(model)
+def _capabilities(caches: list[Any]) -> Capabilities:
     missing = sorted({type(c).__name__ for c in _flatten(caches) if not hasattr(type(c), "merge")})
     if missing:
         return Capabilities(False, f"caches without batch support: {', '.join(missing)}")
@@ -235,8 +233,9 @@ def load_model(
         tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0),
     )
     layout, logits_width = measure_layout(model)
-    capabilities = _capabilities(model)
-    cache_classes, rewindable = cache_facts(model)
+    fresh = make_prompt_cache(model)
+    capabilities = _capabilities(fresh)
+    cache_classes, rewindable = cache_facts(fresh)
     grammars = _grammars(tokenizer, logits_width)
     # Every id must index both the tokenizer and the model's embedding/logits.
     vocab = min(len(tokenizer), logits_width)

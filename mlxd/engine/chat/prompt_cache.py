@@ -131,7 +131,7 @@ class PromptCache:
         a token to feed.
         """
         if not self.enabled:
-            return Fetched(None, prompt, "off", 0, 0)
+            return Fetched(None, prompt, "off", None, 0)
         limit = len(prompt) - 1
         ram = self._trie.walk(prompt, limit=limit, rewindable=lambda e: e.trimmable)
         ram_len = max(ram.prefix_len, min(ram.common, limit) if ram.below is not None else 0)

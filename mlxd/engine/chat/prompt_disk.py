@@ -20,6 +20,7 @@ tier off with a warning (``disk_state: failed``), never a failed request.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
 import os
@@ -63,7 +64,7 @@ class ModelIdentity:
     # The top-level cache classes, one per layer (make_prompt_cache's).
     classes: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         parts = (FORMAT, self.path, self.weights, self.dtype, self.mlx_lm, *self.classes)
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()

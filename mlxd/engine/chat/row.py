@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import mlx.core as mx
 
@@ -30,6 +30,9 @@ from mlxd.engine.messages import (
     Usage,
 )
 from mlxd.engine.policy.admission import RowExtent
+
+if TYPE_CHECKING:
+    from mlxd.engine.chat.prompt_cache import Fetched, Kind
 
 Phase = Literal["pending", "queued", "prefill", "decode"]
 _NO_EXTENT = RowExtent(0)
@@ -59,13 +62,13 @@ class Row:
     generated: int = 0
     # Every sampled token, end-of-sequence included (what the KV cache holds).
     generated_ids: list[int] = field(default_factory=list)
-    # The head of the pending queue keeps its prompt-cache lookup (a Fetched) while it waits.
-    prefetched: Any = None
+    # The head of the pending queue keeps its prompt-cache lookup while it waits.
+    prefetched: Fetched | None = None
     # Where the system prefix and the reusable prompt end (intake; None: no such point).
     system_end: int | None = None
     prompt_end: int | None = None
     # Checkpoints still to take while prefilling: (position, kind), in order.
-    checkpoints: list[tuple[int, Any]] = field(default_factory=list)
+    checkpoints: list[tuple[int, Kind]] = field(default_factory=list)
     # The prompt-cache lookup made at admission.
     lookup: CacheLookup | None = None
     admitted_mono: float | None = None
