@@ -83,3 +83,31 @@ def test_a_restored_checkpoint_generates_what_a_cold_prefill_does(
         assert lookup.before and lookup.after
     assert snap.lookups[0].request_id == "edited" and snap.lookups[0].lookup == third.end.lookup
     assert snap.prompt_cache.ram_tokens == hit2 + hit3
+
+
+def _state(n: int):
+    from mlx_lm.models.cache import ArraysCache
+
+    cache = ArraysCache(1)
+    cache[0] = mx.full((1, 4), float(n))
+    return [cache]
+
+
+def test_eviction_keeps_the_shared_system_prefix_longest():
+    from mlxd.config import PromptCacheSettings
+    from mlxd.engine.chat.prompt_cache import PromptCache
+
+    cache = PromptCache(PromptCacheSettings(max_entries=3, disk=False))
+    system = list(range(100))
+    assert cache.store(system, _state(0), 0, "system")
+    for turn in range(1, 6):  # a conversation: its prompt's end, then its answer
+        prompt = [*system, *range(1000, 1000 + 10 * turn)]
+        cache.store(prompt, _state(turn), 0, "user")
+        cache.store([*prompt, 7, 7], _state(-turn), 0, "assistant")
+    # A new conversation with the same system prompt still finds it.
+    fetched = cache.fetch([*system, 5, 5])
+    assert len(cache) == 3 and fetched.source == "ram"
+    assert fetched.cache is not None and fetched.cache[0][0].tolist() == [[0.0] * 4]
+    # So is the last answer: the conversation goes on from it.
+    last = [*system, *range(1000, 1050), 7, 7, 1, 2]
+    assert len(last) - len(cache.fetch(last).rest) == len(last) - 2
