@@ -11,6 +11,9 @@ again (docs/design.md, "Where tokenizing happens").
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,10 +238,46 @@ def system_prefix_end(loaded: LoadedModel, prompt: ChatPrompt, ids: list[int]) -
     messages = (*prompt.messages[:leading], {"role": "user", "content": ""})
     try:
         text = render(tokenizer, prompt, messages, generation=False)
-        system_ids = encode(tokenizer, text, special=False)
+        system_ids = _SYSTEM_IDS.get(tokenizer, text)
+        if system_ids is None:
+            system_ids = encode(tokenizer, text, special=False)
+            _SYSTEM_IDS.put(tokenizer, text, system_ids)
     except Exception:  # the template wants more than a system part: no checkpoint there
         return None
     return checkpoints.system_end(ids, system_ids)
+
+
+class _Tokenized:
+    """The last few system parts' token ids: an agent resends the same one every turn.
+
+    Tokenizing a 30k-token system prompt a second time costs as much as the
+    prompt itself (about 0.3 s on a 2-core x86 box); rendering it and looking
+    it up costs milliseconds. Shared by the intake thread and the engine
+    thread (a swap prepares queued requests again), hence the lock.
+    """
+
+    def __init__(self, size: int):
+        self._size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[weakref.ref[Any], list[int]]] = OrderedDict()
+
+    def get(self, tokenizer: Any, text: str) -> list[int] | None:
+        with self._lock:
+            found = self._entries.get(text)
+            if found is None or found[0]() is not tokenizer:
+                return None
+            self._entries.move_to_end(text)
+            return found[1]
+
+    def put(self, tokenizer: Any, text: str, ids: list[int]) -> None:
+        with self._lock:
+            self._entries[text] = (weakref.ref(tokenizer), ids)
+            self._entries.move_to_end(text)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+
+_SYSTEM_IDS = _Tokenized(16)
 
 
 def constraint_processor(loaded: LoadedModel, constraint: Constraint, phase: str) -> Any:
