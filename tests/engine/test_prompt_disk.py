@@ -60,7 +60,10 @@ def test_entries_outlive_the_engine_and_give_what_a_cold_prefill_gives(
     turn2 = [*first, 50, 51, 52, 53]
     with running_engine(tiny_models(family), prompt_cache=disk(tmp_path)) as engine:
         (warm,) = run_all(engine, [token_request("a", first, MAX_TOKENS)])
-    assert warm.ok and files(tmp_path / "cache")  # written when the engine stopped at the latest
+    written = files(tmp_path / "cache")
+    assert warm.ok and written  # written when the engine stopped at the latest
+    # They hold prompts: this user's only.
+    assert all(p.stat().st_mode & 0o077 == 0 for p in (*written, written[0].parent))
     with running_engine(tiny_models(family), prompt_cache=disk(tmp_path)) as engine:
         (out,) = run_all(engine, [token_request("b", turn2, MAX_TOKENS)])
         state = settled(engine).prompt_cache

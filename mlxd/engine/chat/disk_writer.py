@@ -82,6 +82,14 @@ def read_metadata(path: Path) -> tuple[dict[str, str], int]:
     return metadata, size
 
 
+def make_private_dir(directory: Path) -> None:
+    """Create ``directory`` and its parent (the tier's root) for this user only, if missing."""
+    for d in (directory.parent, directory):
+        if not d.is_dir():
+            d.parent.mkdir(parents=True, exist_ok=True)
+            d.mkdir(mode=0o700, exist_ok=True)
+
+
 def remove_quietly(path: Path) -> bool:
     """Unlink ``path``; False when it was already gone (or cannot be removed)."""
     try:
@@ -260,12 +268,14 @@ class DiskWriter:
         final = job.directory / job.name
         tmp = job.directory / f".{job.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
-            job.directory.mkdir(parents=True, exist_ok=True)
+            make_private_dir(job.directory)
             if job.nbytes > self.cap:
                 job.error = f"{job.nbytes} bytes, more than disk_max_bytes ({self.cap})"
                 return
             _check_room(job.directory, job.nbytes)
-            with open(tmp, "xb") as f:
+            # Entries hold prompts (their token ids): readable by this user only.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
                 save_prompt_cache(f, job.cache, job.metadata)  # type: ignore[arg-type]
                 f.flush()
                 os.fsync(f.fileno())

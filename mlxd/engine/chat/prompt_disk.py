@@ -40,6 +40,7 @@ from mlxd.engine.chat.disk_writer import (
     Touch,
     Write,
     entry_files,
+    make_private_dir,
     read_metadata,
     remove_quietly,
 )
@@ -152,7 +153,7 @@ class DiskTier:
 
     def _scan(self) -> None:
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.directory)
         except OSError as exc:
             self._fail(f"cannot create {self.directory}: {exc.strerror or exc}")
             return
@@ -340,6 +341,6 @@ class DiskTier:
 
     def close(self, timeout: float = FLUSH_TIMEOUT_S) -> None:
         """Finish the writes (up to ``timeout``) and stop the writer."""
-        self.flush(timeout)
-        self._writer.stop(timeout)
+        done = self.flush(timeout)
+        self._writer.stop(timeout if done else 0.1)
         self.collect()
