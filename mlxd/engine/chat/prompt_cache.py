@@ -28,12 +28,12 @@ import copy
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from mlxd.config import PromptCacheSettings
-from mlxd.engine.chat.prefix_trie import TokenTrie
+from mlxd.engine.chat.prefix_trie import TokenTrie, Walk
 from mlxd.engine.chat.prompt_disk import DiskEntry, DiskTier
 from mlxd.engine.messages import CacheSource
 from mlxd.engine.snapshot import PromptCacheState
@@ -134,21 +134,28 @@ class PromptCache:
             return Fetched(None, prompt, "off", None, 0)
         limit = len(prompt) - 1
         ram = self._trie.walk(prompt, limit=limit, rewindable=lambda e: e.trimmable)
-        ram_len = max(ram.prefix_len, min(ram.common, limit) if ram.below is not None else 0)
-        common = ram.common
-        stored = len(self._entries)
+        ram_entry, ram_len = _best(ram, limit)
+        common, stored = ram.common, len(self._entries)
         cache, n, source = None, 0, "none"
-        disk = self.disk
-        if disk is not None:
-            stored += len(disk)
-            found = disk.walk(prompt)
-            common = max(common, found.common)
-            cache, n = self._from_disk(found, limit, ram_len)
-            if cache is not None:
-                source = "disk"
-        if cache is None and ram_len > 0:
-            cache, n = self._from_ram(ram.prefix, ram.prefix_len, ram.below, min(ram.common, limit))
-            source = "ram"
+        if self.disk is not None:
+            found = self.disk.walk(prompt)
+            common, stored = max(common, found.common), stored + len(self.disk)
+            disk_entry, disk_len = _best(found, limit)
+            if disk_entry is not None and disk_len > ram_len:
+                read = self._read(disk_entry)
+                if read is not None:
+                    cache, n, source = (
+                        _cut_copy(read, len(disk_entry.tokens), disk_len),
+                        disk_len,
+                        "disk",
+                    )
+        if cache is None and ram_entry is not None:
+            self._touch(ram_entry)
+            cache, n, source = (
+                _cut_copy(ram_entry.cache, len(ram_entry.tokens), ram_len),
+                ram_len,
+                "ram",
+            )
         if cache is None:
             self.misses += 1
             return Fetched(None, prompt, "none", min(common, len(prompt)), stored)
@@ -160,42 +167,13 @@ class PromptCache:
         diverged = None if n >= limit else min(common, len(prompt))
         return Fetched(cache, prompt[n:], source, diverged, stored)
 
-    def _from_ram(
-        self, prefix: Entry | None, prefix_len: int, below: Entry | None, below_len: int
-    ) -> tuple[list[Any], int]:
-        if below is not None and below_len > prefix_len:
-            entry, n = below, below_len
-        else:
-            assert prefix is not None
-            entry, n = prefix, prefix_len
-        self._touch(entry)
-        # Copies share the arrays (MLX arrays are values); trimming a copy changes only it.
-        cache = copy.deepcopy(entry.cache)
-        if len(entry.tokens) > n:
-            trim_prompt_cache(cache, len(entry.tokens) - n)
-        return cache, n
-
-    def _from_disk(self, found, limit: int, ram_len: int) -> tuple[list[Any] | None, int]:
-        """Read the disk's best entry when it serves more than RAM does (else None)."""
-        disk = self.disk
-        assert disk is not None
-        below_len = min(found.common, limit) if found.below is not None else 0
-        entry: DiskEntry | None
-        if below_len > found.prefix_len:
-            entry, n = found.below, below_len
-        else:
-            entry, n = found.prefix, found.prefix_len
-        if entry is None or n <= ram_len:
-            return None, 0
-        cache = disk.load(entry)
-        if cache is None:
-            return None, 0
-        # Kept in RAM too: the conversation's next turn finds it there.
-        self._keep(entry.tokens, cache, entry.kind, on_disk=True)  # type: ignore[arg-type]
-        cache = copy.deepcopy(cache)
-        if len(entry.tokens) > n:
-            trim_prompt_cache(cache, len(entry.tokens) - n)
-        return cache, n
+    def _read(self, entry: DiskEntry) -> list[Any] | None:
+        """The cache in a disk entry's file, kept in RAM too (the next turn finds it there)."""
+        assert self.disk is not None
+        cache = self.disk.load(entry)
+        if cache is not None:
+            self._keep(entry.tokens, cache, cast(Kind, entry.kind), on_disk=True)
+        return cache
 
     def _touch(self, entry: Entry) -> None:
         self._order.remove(None, [entry.id])
@@ -359,3 +337,23 @@ def _worth_writing(entry: Entry) -> bool:
     and the answer's few tokens are not worth hundreds of MB of disk a turn.
     """
     return entry.kind in ("system", "user") or (entry.kind == "assistant" and entry.trimmable)
+
+
+def _best(walk: Walk[Any], limit: int) -> tuple[Any, int]:
+    """The entry a walk offers and the tokens it serves: a true prefix, or one cut back."""
+    below_len = min(walk.common, limit) if walk.below is not None else 0
+    if below_len > walk.prefix_len:
+        return walk.below, below_len
+    return walk.prefix, walk.prefix_len
+
+
+def _cut_copy(cache: list[Any], held: int, n: int) -> list[Any]:
+    """A copy of a cache of ``held`` tokens that holds the first ``n``.
+
+    Copies share the arrays (MLX arrays are values); cutting a copy changes
+    only the copy.
+    """
+    cache = copy.deepcopy(cache)
+    if held > n:
+        trim_prompt_cache(cache, held - n)
+    return cache
