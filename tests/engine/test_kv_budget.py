@@ -25,10 +25,17 @@ def mixed_prompt(rnd: random.Random) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("family", "budget_tokens"),
-    [("llama", 1800), ("gemma3_text", 1800), ("qwen3_5", 2400)],
+    ("family", "budget_tokens", "checkpoint_every"),
+    [
+        ("llama", 1800, 0),
+        ("gemma3_text", 1800, 0),
+        # Checkpoints every 100 tokens: prefills stop on the way (segments).
+        ("qwen3_5", 2400, 100),
+    ],
 )
-def test_real_kv_bytes_never_pass_the_budget_under_a_mixed_load(tiny_models, family, budget_tokens):
+def test_real_kv_bytes_never_pass_the_budget_under_a_mixed_load(
+    tiny_models, family, budget_tokens, checkpoint_every
+):
     per_token = {"llama": 1024, "gemma3_text": 3072, "qwen3_5": 1024}[family]
     budget = budget_tokens * per_token
     settings = {
@@ -40,6 +47,7 @@ def test_real_kv_bytes_never_pass_the_budget_under_a_mixed_load(tiny_models, fam
             "prefill_step_size": 512,
         },
         "sampling": {"temperature": 0.7},
+        "prompt_cache": {"checkpoint_every": checkpoint_every, "disk": False},
     }
     with running_engine(tiny_models(family), **settings) as engine:
 

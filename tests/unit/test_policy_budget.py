@@ -54,7 +54,7 @@ def test_the_prompt_cache_key_is_named_when_its_reservation_takes_the_room():
     # The case: a 1 GiB prompt cache in a 64 MiB budget.
     pool = PoolRoom(budget=64 * MiB, reserved=GiB + MiB, cache_cap=GiB)
     key = "[models.a.prompt_cache] max_bytes"
-    room = kv_room("auto", auto_bytes=0, pool=pool, cache_key=key)
+    room = kv_room("auto", auto_bytes=0, pool=pool, keys=("[batch] kv_budget", key))
     assert room.cause(256 * 1024) == key
     message = room.over(256 * 1024, WHAT)
     assert f"1.0 GiB of it for this model's prompt cache ({key})" in message
@@ -62,5 +62,10 @@ def test_the_prompt_cache_key_is_named_when_its_reservation_takes_the_room():
 
 
 def test_a_models_own_budget_key_is_named():
-    room = kv_room(MiB, auto_bytes=0, pool=None, budget_key="[models.a.batch] kv_budget")
+    room = kv_room(
+        MiB,
+        auto_bytes=0,
+        pool=None,
+        keys=("[models.a.batch] kv_budget", "[prompt_cache] max_bytes"),
+    )
     assert "raise [models.a.batch] kv_budget" in room.over(2 * MiB, WHAT)

@@ -13,6 +13,7 @@ import logging
 import time
 
 from mlxd.config import format_bytes
+from mlxd.engine.chat import replan
 from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.row import Row
 from mlxd.engine.policy import admission
@@ -45,11 +46,11 @@ def admit(core: EngineCore) -> None:
         if row.prefetched is None:
             row.prefetched = core.fetch_cache(row.prompt)
         # Planned on every pass: the budget may have shrunk since the lookup.
-        planned = core.plan_cache(row, *row.prefetched)
-        if planned is None:  # it can never fit the budget: refused
+        fetched = replan.plan_cache(core, row, row.prefetched)
+        if fetched is None:  # it can never fit the budget: refused
             del core.pending[index]
             continue
-        row.prefetched = planned
+        row.prefetched = fetched
         check = _check(core, row)
         if check.admit and not _claim(core, check):
             core.waiting_for, raced = "budget", True  # another model claimed it meanwhile
@@ -62,11 +63,10 @@ def admit(core: EngineCore) -> None:
             index += 1
             continue
         del core.pending[index]
-        cache, rest = row.prefetched
         row.prefetched = None
-        row.admitted(len(row.prompt) - len(rest))
+        core.admit_lookup(row, fetched)
         try:
-            batch.insert(row, cache, rest)
+            batch.insert(row, fetched.cache, fetched.rest)
         except Exception as exc:
             logger.exception("inserting %s into the batch", row.id)
             core.fail(row, f"could not start generation: {exc}")
@@ -131,6 +131,9 @@ def step(core: EngineCore) -> None:
         return
     core.counters.prefill_seconds += stats.prompt_time
     core.counters.decode_seconds += stats.decode_time
+    for taken in batch.checkpoints:
+        core.store_checkpoint(taken.tokens, taken.cache, taken.kind)
+    batch.checkpoints = []
     core.last_step_wall = time.time()
     early: list[Row] = []
     for out in outs:

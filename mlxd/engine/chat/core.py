@@ -5,38 +5,47 @@ It holds what the step modules work on (:mod:`~mlxd.engine.chat.step` plans
 the lanes' turns, :mod:`~mlxd.engine.chat.batch_step` and
 :mod:`~mlxd.engine.chat.serial_step` run them, :mod:`~mlxd.engine.chat.enqueue`
 queues requests) and the few changes they share: how a row ends and is
-counted, cancelling, the KV budget and the claim on a shared memory pool,
-installing and releasing a model.
+counted, cancelling, installing and releasing a model. The KV budget and the
+claim on a shared memory pool are its base class, :class:`~mlxd.engine.chat.kv_budget.KvBudget`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal
-
-from mlx_lm.models.cache import can_trim_prompt_cache
 
 from mlxd.config import Settings
 from mlxd.engine.channel import Channel
+from mlxd.engine.chat import checkpoints
 from mlxd.engine.chat.batch import BatchLane
 from mlxd.engine.chat.counters import Counters, Peaks, Throughput
 from mlxd.engine.chat.hooks import ClusterHooks
-from mlxd.engine.chat.kv_caches import compact, cut_prefix
+from mlxd.engine.chat.kv_budget import KvBudget
+from mlxd.engine.chat.kv_caches import compact
 from mlxd.engine.chat.loading import LoadedModel
+from mlxd.engine.chat.prompt_cache import Fetched, Kind
+from mlxd.engine.chat.prompt_disk import DiskTier, model_identity
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.serial import SerialRun
 from mlxd.engine.fleet.memory import MemoryPool
-from mlxd.engine.messages import ErrorCode, Failed
-from mlxd.engine.policy import admission
-from mlxd.engine.policy.budget import KvRoom, PoolRoom, kv_room
+from mlxd.engine.messages import Admitted, ErrorCode, Failed
+from mlxd.engine.policy.budget import KvRoom
 from mlxd.engine.policy.drain import DrainLog, Turn
 from mlxd.engine.policy.stalls import StallWatch
+from mlxd.engine.snapshot import RecentLookup
+
+logger = logging.getLogger(__name__)
+
+# Lookups kept for /stats and the dashboard (newest first).
+RECENT_LOOKUPS = 32
 
 
-class EngineCore:
+class EngineCore(KvBudget):
     """Lanes, queues, drain and budget, owned by the engine thread.
 
     Args:
@@ -81,6 +90,7 @@ class EngineCore:
         self.prompt_cache = hooks.make_prompt_cache(
             settings.prompt_cache, lambda: self.settings.batch
         )
+        self.lookups: deque[RecentLookup] = deque(maxlen=RECENT_LOOKUPS)
         self.drains = DrainLog()
         self.counters = Counters()
         self.throughput = Throughput()
@@ -132,10 +142,12 @@ class EngineCore:
         if self.batch is not None:
             self.batch.close()
             self.batch = None
+        self.prompt_cache.detach_disk()  # the old model's entries go to disk first
+        self.prompt_cache.clear()
         self.loaded = loaded
         self.model_status = "ready"
         self.model_error = None
-        self.prompt_cache.clear()
+        self.prompt_cache.attach_disk(self._open_disk())
         self.update_room()
 
     def apply(self, settings: Settings) -> None:
@@ -143,8 +155,14 @@ class EngineCore:
 
         Queued requests that the new budget can never hold are refused now.
         """
+        before = _disk_key(self.settings)
         self.settings = settings
-        self.prompt_cache.configure(settings.prompt_cache, self.live_bytes())
+        new = settings.prompt_cache
+        disk = self.prompt_cache.disk
+        if before != _disk_key(settings) or (disk is not None and disk.state != "on"):
+            self.prompt_cache.detach_disk()
+            self.prompt_cache.attach_disk(self._open_disk())
+        self.prompt_cache.configure(new, self.live_bytes())
         if self.batch is not None:
             self.batch.configure(settings.batch)
         allowance = settings.batch.decode_allowance  # queued rows are projected anew
@@ -164,31 +182,11 @@ class EngineCore:
             self.batch.close()
         self.batch = None
         self.serial = None
-        self.loaded = None
+        self.prompt_cache.detach_disk()  # what RAM holds goes to disk before it is dropped
         self.prompt_cache.clear()
+        self.loaded = None
 
     # ------------------------------------------------------------ KV budget
-
-    @property
-    def budget_bytes(self) -> int:
-        """The KV bytes this model's rows may ever hold (``room``'s size)."""
-        return self.room.bytes
-
-    def live_bytes(self) -> int:
-        """Real KV bytes the batch holds now."""
-        return self.batch.nbytes if self.batch is not None else 0
-
-    def kv_bytes(self) -> int:
-        """Real KV bytes of both lanes now."""
-        return self.live_bytes() + (self.serial.nbytes if self.serial is not None else 0)
-
-    def note_kv(self, *, after_step: bool) -> None:
-        """Record the KV bytes held now (after an admission or a step): the peak, and
-        steps that ended over the budget (rows generating past their decode allowance)."""
-        kv = self.kv_bytes()
-        self.max_kv_seen = max(self.max_kv_seen, kv)
-        if after_step and kv > self.budget_bytes:
-            self.counters.kv_over_budget_steps += 1
 
     def sample_peaks(self) -> None:
         """Record the KV bytes and queue length now, for the dashboard's sparklines."""
@@ -197,120 +195,77 @@ class EngineCore:
             self.pool.report_kv(self.pool_id, self.kv_claim())
             self.update_room()
 
-    def batch_projection(self) -> int:
-        """The projected KV bytes of the rows in the batch now."""
-        if self.batch is None or self.loaded is None or not len(self.batch):
-            return 0
-        return admission.project_batch_bytes(
-            self.loaded.layout,
-            [r.projected() for r in self.batch.rows.values()],
-            self.settings.batch.prefill_step_size,
-            lone=self.batch.lone,
-            prompt_concurrency=self.settings.batch.prompt_concurrency,
-        )
-
-    def kv_claim(self, candidate: int | None = None) -> int:
-        """The KV bytes this engine holds or may grow to: its claim on a shared pool."""
-        serial = self.serial.nbytes if self.serial is not None else 0
-        if candidate is not None:
-            return candidate + serial
-        return max(self.batch_projection(), self.live_bytes()) + serial
-
-    def admission_budget(self) -> int:
-        """The KV bytes the batch may use now: the budget, less what other models claim."""
-        if self.pool is None:
-            return self.budget_bytes
-        serial = self.serial.nbytes if self.serial is not None else 0
-        return min(self.budget_bytes, self.pool.kv_limit(self.pool_id) - serial)
-
-    def update_room(self, *, recheck: bool = False) -> None:
-        """Recompute the KV budget in effect; when it shrank (or ``recheck``: the
-        projections changed), refuse the queued requests that can no longer fit."""
-        before = self.room.bytes
-        self.room = self._room()
-        if recheck or self.room.bytes < before:
-            self.refuse_unfittable()
-
-    def _room(self) -> KvRoom:
-        kv = self.settings.batch.kv_budget
-        keys = {
-            "budget_key": config_key(self.settings, "batch", "kv_budget"),
-            "cache_key": config_key(self.settings, "prompt_cache", "max_bytes"),
-        }
-        if self.pool is not None:
-            cap = self.settings.prompt_cache.max_bytes
-            pool = PoolRoom(self.pool.budget, self.pool.reserved(), cap)
-            return kv_room(kv, auto_bytes=0, pool=pool, **keys)
-        auto = 0
-        if kv == "auto":
-            from mlxd.engine.chat.loading import device_memory_bytes
-
-            weights = self.loaded.weights_bytes if self.loaded else 0
-            auto = admission.auto_budget(
-                device_memory_bytes(), weights, self.settings.prompt_cache.max_bytes
-            )
-        return kv_room(kv, auto_bytes=auto, pool=None, **keys)
-
-    def refuse_unfittable(self) -> None:
-        """Refuse every queued request that cannot fit the budget even alone and uncached."""
-        if self.loaded is None:
-            return
-        layout, step = self.loaded.layout, self.settings.batch.prefill_step_size
-        for queue in (self.pending, self.serial_queue):
-            for row in list(queue):
-                bare = replace(row.extent, cached=0)
-                needed = admission.alone_bytes(layout, bare, step)
-                if needed > self.budget_bytes:
-                    queue.remove(row)
-                    self.refuse_over_budget(row, needed)
-
-    def refuse_over_budget(self, row: Row, needed: int) -> None:
-        """End a queued ``row`` that can never fit: the documented 400, naming the key."""
-        what = f"This request ({len(row.prompt)} prompt tokens + {row.extent.decode} to generate)"
-        message = f"The KV budget changed while this request waited: {self.room.over(needed, what)}"
-        self.fail(row, message, code="context_over_budget", status=400)
-
     # ------------------------------------------------------------ prompt cache
 
-    def fetch_cache(self, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
-        """The nearest cached prefix of ``prompt`` and the tokens left to prefill."""
+    def fetch_cache(self, prompt: list[int]) -> Fetched:
+        """The nearest cached prefix of ``prompt`` (RAM or disk) and the tokens left to prefill."""
         if self.loaded is None:
-            return None, prompt
-        cache, rest = self.prompt_cache.fetch(self.loaded.key, prompt)
-        compact(cache)  # a trimmed copy still holds the stored entry's full length
-        return cache, rest
+            return Fetched(None, prompt, "none", 0, 0)
+        fetched = self.prompt_cache.fetch(prompt)
+        compact(fetched.cache)  # a copy cut back still holds the stored entry's full length
+        if fetched.source == "disk":  # what was read is kept in RAM too: back under the cap
+            self.prompt_cache.trim(self.live_bytes())
+        return fetched
 
-    def plan_cache(
-        self, row: Row, cache: list[Any] | None, rest: list[int]
-    ) -> tuple[list[Any] | None, list[int]] | None:
-        """``row``'s cache hit, cut back or dropped when it would keep the row from ever
-        fitting the budget (docs/batching.md, "Admission never wedges"); None when not
-        even the bare request fits: the row is refused (a 400), the caller drops it."""
-        assert self.loaded is not None
-        cached = len(row.prompt) - len(rest)
-        step = self.settings.batch.prefill_step_size
-        trimmable = cache is not None and can_trim_prompt_cache(cache)
-        plan = admission.plan_hit(
-            self.loaded.layout,
-            replace(row.extent, cached=cached),
-            self.budget_bytes,
-            step,
-            trimmable=trimmable,
+    def cuts(self, row: Row, cached: int) -> tuple[int, ...]:
+        """Where ``row``'s prefill stops for checkpoints, starting from ``cached`` tokens."""
+        return tuple(p for p, _ in self.plan_checkpoints(row, cached))
+
+    def plan_checkpoints(self, row: Row, cached: int) -> list[tuple[int, Kind]]:
+        """Where ``row``'s prefill keeps checkpoints, starting from ``cached`` tokens."""
+        loaded = self.loaded
+        assert loaded is not None
+        if loaded.rewindable or not self.prompt_cache.enabled or not self.hooks.checkpoints:
+            return []
+        return checkpoints.plan(
+            len(row.prompt),
+            cached,
+            system_end=row.system_end,
+            prompt_end=row.prompt_end,
+            every=self.settings.prompt_cache.checkpoint_every,
         )
-        if plan.refused is not None:
-            self.refuse_over_budget(row, plan.refused)
-            return None
-        if plan.cached < cached:
-            if plan.cached == 0:
-                self.prompt_cache.not_used()
-            cache, rest = cut_prefix(cache, row.prompt, rest, plan.cached)
-        row.extent = replace(row.extent, cached=plan.cached)
-        return cache, rest
+
+    def admit_lookup(self, row: Row, fetched: Fetched) -> None:
+        """``row`` leaves its queue from ``fetched``: tell its client, remember the lookup.
+
+        Also plans the checkpoints its prefill keeps (``row.checkpoints``).
+        """
+        loaded = self.loaded
+        assert loaded is not None
+        cached = len(row.prompt) - len(fetched.rest)
+        row.admitted(cached)
+        lookup = checkpoints.lookup(fetched, row.prompt, loaded.tokenizer)
+        row.lookup = lookup
+        row.channel.push(Admitted(lookup))
+        self.lookups.appendleft(
+            RecentLookup(row.id, loaded.info.id, row.request.api, time.time(), lookup)
+        )
+        row.checkpoints = self.plan_checkpoints(row, cached)
+
+    def store_checkpoint(self, tokens: list[int], cache: list[Any], kind: Kind) -> None:
+        """Keep a cache taken at a prompt boundary while it was prefilled."""
+        if self.loaded is not None:
+            self.prompt_cache.store(tokens, cache, self.live_bytes(), kind)
 
     def store_cache(self, tokens: list[int] | None, cache: list[Any] | None) -> None:
         """Keep a finished row's cache for the prompts that share its prefix."""
         if self.loaded is not None:
-            self.prompt_cache.store(self.loaded.key, tokens, cache, self.live_bytes())
+            self.prompt_cache.store(tokens, cache, self.live_bytes())
+
+    def _open_disk(self) -> DiskTier | None:
+        """The loaded model's disk tier, when the settings and the machines allow one."""
+        s, loaded = self.settings.prompt_cache, self.loaded
+        on, root = _disk_key(self.settings)
+        if loaded is None or not on or not self.hooks.disk_tier:
+            return None
+        try:
+            identity = model_identity(loaded.info.path, loaded.info.dtype, loaded.cache_classes)
+            return DiskTier(
+                root, identity, s.disk_max_bytes, name=f"mlxd-disk-{self.pool_id or 'model'}"
+            )
+        except Exception as exc:  # an unreadable model directory, a broken disk: RAM only
+            logger.warning("the prompt cache's disk tier is off: %s", exc)
+            return None
 
     # ------------------------------------------------------------ cancel
 
@@ -382,9 +337,11 @@ class EngineCore:
                 self.fail(queue.popleft(), message, code=code, status=status)
 
 
-def config_key(settings: Settings, section: str, key: str) -> str:
-    """How ``[section] key`` is written for the served model: its own table when it sets one."""
-    own = getattr(settings.model, section, None)
-    if own is not None and getattr(own, key, None) is not None:
-        return f"[models.{settings.model.name}.{section}] {key}"
-    return f"[{section}] {key}"
+def _disk_key(settings: Settings) -> tuple[bool, Path]:
+    """Whether the disk tier is on, and its directory (a change of either reopens it)."""
+    s = settings.prompt_cache
+    on = s.disk and s.disk_max_bytes > 0 and s.max_entries > 0 and s.max_bytes > 0
+    root = (
+        Path(s.disk_dir).expanduser() if s.disk_dir else settings.server.state_path / "prompt-cache"
+    )
+    return on, root

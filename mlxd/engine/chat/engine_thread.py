@@ -25,7 +25,6 @@ from mlxd.engine.channel import Channel
 from mlxd.engine.chat.commands import (
     AbortAll,
     Apply,
-    Call,
     Cancel,
     ClearError,
     Command,
@@ -351,8 +350,6 @@ class EngineThread:
                 core.last_error = core.last_error_at = None
             case Rename(model_id=model_id):
                 core.pool_id = model_id
-            case Call(fn=fn):
-                return fn(core)
             case CountTokens():  # handed to the intake thread by _dispatch
                 raise AssertionError("CountTokens is not executed here")
         return None
@@ -385,6 +382,7 @@ class EngineThread:
             else:
                 state = "ready"
         core.sample_peaks()
+        core.prompt_cache.collect()  # what the disk writer finished since the last step
         hooks = self._hooks
         self.snapshot = build_snapshot(core, state=hooks.state(state), cluster=hooks.status())
 
@@ -395,6 +393,4 @@ def _drain_reason(command: Command) -> str | None:
         return "model_swap"
     if isinstance(command, Unload):
         return "model_unload"
-    if isinstance(command, Call) and command.exclusive:
-        return command.reason
     return None

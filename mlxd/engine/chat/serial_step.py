@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
+from mlxd.engine.chat import replan
 from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.row import Row
 
@@ -19,21 +20,21 @@ def start(core: EngineCore, row: Row) -> None:
     """Make ``row`` the serial row, from the nearest cached prefix of its prompt."""
     loaded = core.loaded
     assert loaded is not None
-    planned = core.plan_cache(row, *core.fetch_cache(row.prompt))
-    if planned is None:  # it can never fit the budget: refused
+    fetched = replan.plan_cache(core, row, core.fetch_cache(row.prompt))
+    if fetched is None:  # it can never fit the budget: refused
         return
-    cache, rest = planned
-    row.admitted(len(row.prompt) - len(rest))
+    core.admit_lookup(row, fetched)
     core.last_turn = "serial"
     try:
         core.serial = core.hooks.make_serial_run(
             loaded,
             row,
-            cache,
-            rest,
+            fetched.cache,
+            fetched.rest,
             prefill_step_size=core.settings.batch.prefill_step_size,
             pump=core.pump,
             faults=core.faults,
+            on_checkpoint=core.store_checkpoint if row.checkpoints else None,
         )
     except Exception as exc:
         logger.exception("starting %s", row.id)

@@ -149,4 +149,5 @@ def build_snapshot(
         busy=core.busy or core.intaking > 0,
         cluster=cluster,
         stall=next((r.stalled for r in core.pending if r.stalled), None),
+        lookups=tuple(core.lookups),
     )

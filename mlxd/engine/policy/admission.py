@@ -25,7 +25,7 @@ shared batch gets the bound above, which holds whatever order its rows end in.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -63,6 +63,7 @@ class RowExtent:
 
     ``prompt`` tokens, of which ``cached`` come from the prompt cache, then
     ``decode`` generated tokens counted (``min(max_tokens, decode_allowance)``).
+    ``cuts``: the prompt positions where its prefill stops for a checkpoint.
     ``prefilling`` until its first token, with ``prefilled`` prompt tokens
     done so far: rows prefilled together share a position (see the module
     docstring).
@@ -73,6 +74,7 @@ class RowExtent:
     cached: int = 0
     prefilling: bool = True
     prefilled: int = 0
+    cuts: tuple[int, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -103,18 +105,19 @@ def lone_capacity(extent: RowExtent, prefill_step_size: int) -> int:
     """Token slots a row's full-attention cache holds at its end when it runs alone.
 
     mlx-lm's growth replayed: the cached prefix as it is, the rest of the
-    prompt but its last token in prefill chunks (each growth adds whole
-    steps from the position where the cache ran out), then one token at a
-    time up to ``extent.tokens``.
+    prompt but its last token in prefill chunks (cut at each checkpoint;
+    each growth adds whole steps from the position where the cache ran out),
+    then one token at a time up to ``extent.tokens``.
     """
     capacity = position = extent.cached
-    left = extent.prompt - extent.cached - 1  # the first decode step feeds the last one
-    while left > 0:
-        n = min(prefill_step_size, left)
-        if position + n > capacity:
-            capacity = position + stepped(n)
-        position += n
-        left -= n
+    end = extent.prompt - 1  # the first decode step feeds the last prompt token
+    stops = [p for p in extent.cuts if position < p < end]
+    for stop in [*stops, end]:
+        while position < stop:
+            n = min(prefill_step_size, stop - position)
+            if position + n > capacity:
+                capacity = position + stepped(n)
+            position += n
     end = extent.tokens
     if end > capacity:
         capacity += stepped(end - capacity)
@@ -134,22 +137,29 @@ def shared_capacity(
     peak = max(r.tokens for r in rows)
     prefilling = [r for r in rows if r.prefilling]
     if _uneven(prefilling, prompt_concurrency):
-        longest_rest = max(r.rest for r in prefilling)
-        peak = max(peak, max(r.prompt for r in prefilling) + min(prefill_step_size, longest_rest))
+        # A row that stops at a checkpoint while others take a whole chunk can
+        # leave the batch a chunk ahead again: one more chunk per checkpoint.
+        chunk = min(prefill_step_size, max(r.rest for r in prefilling))
+        stops = 1 + sum(len(r.cuts) for r in prefilling)
+        peak = max(peak, max(r.prompt for r in prefilling) + stops * chunk)
     return peak + KV_STEP - 1
 
 
 def _uneven(prefilling: Sequence[RowExtent], prompt_concurrency: int) -> bool:
     """Whether rows prefilling together can stand at different positions.
 
-    Rows that start in one prompt batch from prefixes of one length stay
-    level (the longest rest sets the pace); any other mix can leave a row a
-    chunk ahead of every row's own length for a round.
+    Rows that start in one prompt batch from prefixes of one length and
+    stop nowhere on the way stay level (the longest rest sets the pace); any
+    other mix can leave a row a chunk ahead of every row's own length.
     """
     if len(prefilling) < 2:
         return False
-    level = len({r.cached for r in prefilling}) == 1 and not any(r.prefilled for r in prefilling)
-    return not (level and len(prefilling) <= prompt_concurrency)
+    level = (
+        len({r.cached for r in prefilling}) == 1
+        and not any(r.prefilled or r.cuts for r in prefilling)
+        and len(prefilling) <= prompt_concurrency
+    )
+    return not level
 
 
 def project_batch_bytes(
@@ -263,6 +273,7 @@ def plan_hit(
     prefill_step_size: int,
     *,
     trimmable: bool,
+    cuts: Callable[[int], tuple[int, ...]] | None = None,
 ) -> HitPlan:
     """Keep the candidate's cached prefix when the row can fit alone with it; else re-plan.
 
@@ -271,14 +282,23 @@ def plan_hit(
     that fits into one that never does. Then the hit is cut back to the
     last step boundary (when the cache can be trimmed), else dropped; when
     not even the bare request fits, ``refused`` holds its projection.
+    ``cuts(cached)``: where the prefill stops for checkpoints when the row
+    starts from ``cached`` tokens (default: the candidate's own cuts).
     """
-    if alone_bytes(layout, candidate, prefill_step_size) <= budget:
+
+    def alone(cached: int) -> int:
+        extent = replace(candidate, cached=cached)
+        if cuts is not None:
+            extent = replace(extent, cuts=cuts(cached))
+        return alone_bytes(layout, extent, prefill_step_size)
+
+    if alone(candidate.cached) <= budget:
         return HitPlan(candidate.cached)
     if trimmable and candidate.cached >= KV_STEP:
         cut = candidate.cached // KV_STEP * KV_STEP
-        if alone_bytes(layout, replace(candidate, cached=cut), prefill_step_size) <= budget:
+        if alone(cut) <= budget:
             return HitPlan(cut)
-    bare = alone_bytes(layout, replace(candidate, cached=0), prefill_step_size)
+    bare = alone(0)
     return HitPlan(0) if bare <= budget else HitPlan(0, refused=bare)
 
 

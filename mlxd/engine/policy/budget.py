@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mlxd.config import format_bytes
+from mlxd.config import Settings, format_bytes
 
 Binds = Literal["kv_budget", "auto", "memory"]
 
@@ -95,14 +95,24 @@ def kv_room(
     *,
     auto_bytes: int,
     pool: PoolRoom | None,
-    budget_key: str = "[batch] kv_budget",
-    cache_key: str = "[prompt_cache] max_bytes",
+    keys: tuple[str, str] = ("[batch] kv_budget", "[prompt_cache] max_bytes"),
 ) -> KvRoom:
     """The room in effect: ``[batch] kv_budget`` (or ``auto_bytes`` for ``"auto"``),
-    within what the shared ``pool`` leaves when there is one."""
+    within what the shared ``pool`` leaves when there is one. ``keys``: how the
+    model's KV budget and prompt-cache cap are written (see :func:`config_key`)."""
+    budget_key, cache_key = keys
     if pool is None and kv_budget == "auto":
         return KvRoom(auto_bytes, "auto", None, budget_key, cache_key)
     if kv_budget != "auto" and (pool is None or kv_budget <= pool.ceiling):
         return KvRoom(kv_budget, "kv_budget", pool, budget_key, cache_key)
     assert pool is not None
     return KvRoom(pool.ceiling, "memory", pool, budget_key, cache_key)
+
+
+def config_key(settings: Settings, section: str, key: str) -> str:
+    """How ``[section] key`` is written for the model ``settings`` serve: in its own
+    ``[models.<id>.<section>]`` table when it sets the key there."""
+    own = getattr(settings.model, section, None)
+    if own is not None and getattr(own, key, None) is not None:
+        return f"[models.{settings.model.name}.{section}] {key}"
+    return f"[{section}] {key}"
