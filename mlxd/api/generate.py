@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from litestar import Request, Response
 from litestar.response import Stream
 
+from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
 from mlxd.api.state import AppState
@@ -105,20 +106,19 @@ def check_values(info: ModelInfo | None, gen: GenerationRequest) -> None:
 async def warm_constraint(
     state: AppState, lease: Lease, gen: GenerationRequest, *, json_param: str, tools_param: str
 ) -> None:
-    """Compile a request's grammar before it is queued; a 400 when it cannot be."""
-    if gen.constraint is None:
+    """Check and compile a request's grammar off the event loop before it is queued (400s)."""
+    constraint = gen.constraint
+    if constraint is None:
         return
-    warmed = await lease.engine.warm_grammar(gen.constraint)
-    if isinstance(warmed, tuple):
+    warmed = await prepare_off_loop(
+        lease.engine,
+        constraint,
+        param=json_param if constraint.kind == "json" else tools_param,
+        budget=state.settings.limits.grammar_timeout,
+    )
+    if warmed is not None:
         for observe in state.compile_observers:
             observe(*warmed)
-    elif warmed is not None:
-        raise OpenAIError(
-            400,
-            f"The grammar cannot be compiled for this model: {warmed}",
-            code="invalid_schema",
-            param=json_param if gen.constraint.kind == "json" else tools_param,
-        )
 
 
 class Output(Protocol):

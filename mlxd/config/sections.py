@@ -197,6 +197,12 @@ class LimitSettings(Section):
     body_timeout: float = _field(
         60.0, "live", "Seconds a client may take to send a request body; then 408.", gt=0
     )
+    grammar_timeout: float = _field(
+        10.0,
+        "live",
+        "Seconds a request's JSON schema or tool grammar may take to compile; then 400.",
+        gt=0,
+    )
 
 
 class ResponsesSettings(Section):

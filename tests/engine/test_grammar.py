@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -19,7 +20,13 @@ from mlxd.engine.chat.grammar import (
     apply_mask,
     make_ll_tokenizer,
 )
-from mlxd.engine.constraints import StructureError, json_constraint, tool_constraint
+from mlxd.engine.constraints import (
+    StructureError,
+    check_constraint,
+    json_constraint,
+    tool_constraint,
+    validate_constraint,
+)
 from tests.support.tinymodels import tiny_model_dir
 
 WIDTH = 544  # padded past the 514-token vocabulary, like real checkpoints
@@ -86,17 +93,30 @@ def test_compiled_grammars_are_cached_by_hash_with_lru_eviction(grammars):
     assert bits(m2.compute_bitmask())[m1_first]
 
 
-def test_strict_refuses_unenforceable_keywords_and_names_them():
+def checked(schema: Any, *, strict: bool, grammars: Grammars | None = None) -> None:
+    """A schema through every check before queueing: limits, then llguidance (either way)."""
+    c = json_constraint(schema, strict=strict, param="response_format")
+    check_constraint(c)
+    if grammars is None:
+        validate_constraint(c, "response_format")
+    else:
+        grammars.warm(c)
+
+
+def test_strict_refuses_unenforceable_keywords_and_names_them(grammars):
     for keyword, schema in (
         ("uniqueItems", {"type": "array", "uniqueItems": True}),
         ("not", {"not": {"type": "string"}}),
     ):
         with pytest.raises(StructureError, match=keyword) as err:
-            json_constraint(schema, strict=True, param="response_format")
+            checked(schema, strict=True)
         assert err.value.code == "invalid_schema"
-        json_constraint(schema, strict=False, param="response_format")  # ignored when lenient
+        with pytest.raises(GrammarError, match=keyword):
+            checked(schema, strict=True, grammars=grammars)
+        checked(schema, strict=False)  # ignored when lenient
+        checked(schema, strict=False, grammars=grammars)
     with pytest.raises(StructureError):
-        json_constraint({"type": "bogus"}, strict=False, param="response_format")
+        checked({"type": "bogus"}, strict=False)
 
 
 def test_tool_formats_without_a_grammar_are_refused_by_name():

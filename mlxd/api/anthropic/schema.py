@@ -16,7 +16,13 @@ import msgspec
 
 from mlxd.api import params
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.openai.tools import ToolPlan, history_message, plan_tools, response_constraint
+from mlxd.api.openai.tools import (
+    ToolPlan,
+    history_message,
+    plan_tools,
+    renamed,
+    response_constraint,
+)
 from mlxd.api.params import bad, relabel, unsupported
 from mlxd.config import Settings
 from mlxd.engine import ChatPrompt, Constraint, GenerationRequest, ModelInfo
@@ -234,7 +240,10 @@ def _format(body: _MessagesBody) -> Constraint | None:
         )
     spec = {"name": "output", "schema": fmt.get("schema"), "strict": True}
     try:
-        return response_constraint({"type": "json_schema", "json_schema": spec})
+        constraint = response_constraint({"type": "json_schema", "json_schema": spec})
+        return renamed(
+            constraint, "response_format.json_schema.schema", "output_config.format.schema"
+        )
     except OpenAIError as exc:
         exc = relabel(exc, "response_format.json_schema.schema", "output_config.format.schema")
         raise relabel(exc, "response_format", "output_config.format") from None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.openai.tools import history_message, response_constraint
+from mlxd.api.openai.tools import history_message, renamed, response_constraint
 from mlxd.api.params import bad, relabel, unsupported
 from mlxd.engine import Constraint
 
@@ -195,7 +195,7 @@ def text_constraint(text: dict[str, Any] | None) -> Constraint | None:
         spec = {k: fmt[k] for k in ("name", "schema", "strict") if fmt.get(k) is not None}
         fmt = {"type": "json_schema", "json_schema": spec}
     try:
-        return response_constraint(fmt)
+        return renamed(response_constraint(fmt), "response_format.json_schema", "text.format")
     except OpenAIError as exc:
         exc = relabel(exc, "response_format.json_schema", "text.format")
         raise relabel(exc, "response_format", "text.format") from None

@@ -20,6 +20,7 @@ from mlxd.config import Settings
 from mlxd.engine.channel import Channel
 from mlxd.engine.chat.batch import BatchLane
 from mlxd.engine.chat.counters import Counters, Peaks, Throughput
+from mlxd.engine.chat.grammar import GrammarFailure
 from mlxd.engine.chat.hooks import ClusterHooks
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
@@ -250,7 +251,9 @@ class EngineCore:
     def fail(
         self, row: Row, message: str, *, code: ErrorCode = "generation_error", status: int = 500
     ) -> None:
-        """End ``row`` with an error."""
+        """End ``row`` with an error; a grammar that failed it answers for itself (a 400)."""
+        if isinstance(row.error, GrammarFailure):
+            code, status, message = row.error.code, row.error.status, str(row.error)
         self.counters.outcome(row.lane, "failed")
         row.fail(Failed(code, message, status))
 
