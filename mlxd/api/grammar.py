@@ -40,8 +40,7 @@ def prepare(
     when no model's tokenizer was at hand (then llguidance validated it
     alone, and intake compiles it).
     """
-    if constraint.kind == "json" and constraint.schemas:
-        param = constraint.schemas[0][0]  # the schema itself, as the request names it
+    param = _named(constraint, param)
     try:
         check_constraint(constraint)
         warmed = engine.compile_grammar(constraint) if engine is not None else None
@@ -57,6 +56,13 @@ def prepare(
             code="invalid_schema",
             param=param,
         ) from None
+
+
+def _named(constraint: Constraint, param: str) -> str:
+    """The parameter a refusal of the whole grammar names: a JSON format's schema itself."""
+    if constraint.kind == "json" and constraint.schemas:
+        return constraint.schemas[0][0]
+    return param
 
 
 async def prepare_off_loop(
@@ -79,5 +85,5 @@ async def prepare_off_loop(
             f"The schema did not compile within {budget:g} s (limits.grammar_timeout); "
             "simplify it (docs/api.md, 'Structured output limits').",
             code="schema_too_complex",
-            param=param,
+            param=_named(constraint, param),
         ) from None

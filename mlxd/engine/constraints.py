@@ -91,15 +91,17 @@ def _schema_options(strict: bool) -> JsonCompileOptions:
 
 def json_constraint(schema: Any, *, strict: bool, param: str) -> Constraint:
     """The constraint for a ``json_schema`` (or ``json_object``) response format."""
-    if not isinstance(schema, (dict, bool)):
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
         raise StructureError(
-            "The schema is not valid: a schema is an object or a boolean.",
+            "The schema is not valid: a schema is an object (or true); "
+            "false would allow no answer at all.",
             code="invalid_schema",
             param=param,
         )
     try:
-        source = json.dumps(schema) if isinstance(schema, bool) else schema
-        grammar = LLMatcher.grammar_from_json_schema(source, defaults=_schema_options(strict))
+        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_schema_options(strict))
     except (ValueError, TypeError) as exc:
         raise StructureError(
             f"The schema is not valid: {short(str(exc))}", code="invalid_schema", param=param

@@ -35,7 +35,7 @@ from mlxd.engine.constraints import parser_limits, short
 from mlxd.engine.messages import Constraint, ErrorCode
 
 # Words in llguidance's errors that mean one of its limits was reached.
-_LIMIT_WORDS = ("too many", "limit", "fuel", "too complex", "too large")
+_LIMIT_WORDS = ("too many", "limit", "max is", "fuel", "too complex", "too large")
 
 
 class GrammarError(ValueError):
