@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -39,8 +40,10 @@ def constraint() -> Constraint:
     return json_constraint(SCHEMA, strict=True, param="response_format.json_schema.schema")
 
 
-def prepare(engine, budget: float):
-    return grammar.prepare_off_loop(engine, constraint(), param="response_format", budget=budget)  # type: ignore[arg-type]
+async def prepare(engine: Any, budget: float) -> tuple[float, bool] | None:
+    return await grammar.prepare_off_loop(
+        engine, constraint(), param="response_format", budget=budget
+    )
 
 
 def test_a_compile_past_the_budget_is_a_400_and_finishes_in_the_background():
