@@ -100,7 +100,8 @@ def check_values(info: ModelInfo | None, gen: GenerationRequest) -> None:
     try:
         check_request(gen, info)
     except IntakeError as exc:
-        raise OpenAIError(400, str(exc), code=exc.code, param=exc.param) from None
+        param = prompt_param(gen, exc.param)
+        raise OpenAIError(400, str(exc), code=exc.code, param=param) from None
 
 
 async def warm_constraint(
@@ -119,6 +120,24 @@ async def warm_constraint(
     if warmed is not None:
         for observe in state.compile_observers:
             observe(*warmed)
+
+
+# What each API calls the prompt, where the engine says "messages" (chat's name).
+_PROMPT_PARAMS = {"responses": "input"}
+
+
+def prompt_param(gen: GenerationRequest, param: str | None) -> str | None:
+    """The engine's ``param`` as ``gen``'s API names it (the prompt is ``input`` in Responses)."""
+    if param == "messages":
+        return _PROMPT_PARAMS.get(gen.api, param)
+    return param
+
+
+def refusal(gen: GenerationRequest, failed: Failed) -> OpenAIError:
+    """The engine's refusal or failure of ``gen`` as an error of its API."""
+    err = OpenAIError.from_failed(failed)
+    err.param = prompt_param(gen, err.param)
+    return err
 
 
 class Output(Protocol):
@@ -203,7 +222,7 @@ async def generate(
     try:
         accepted = await handle.accepted()
         if isinstance(accepted, Failed):
-            raise OpenAIError.from_failed(accepted)
+            raise refusal(gen, accepted)
         output = make_output(accepted)
         headers = {
             **(headers or {}),
@@ -233,7 +252,7 @@ async def generate(
                 return Response(output.response(event), headers=headers)
             elif isinstance(event, Failed):
                 done(event)
-                raise OpenAIError.from_failed(event)
+                raise refusal(gen, event)
         raise OpenAIError(
             500, "the engine ended the request without an answer", code="internal_error"
         )

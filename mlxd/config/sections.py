@@ -212,6 +212,11 @@ class ResponsesSettings(Section):
         "Responses kept in memory for previous_response_id and GET; 0 stores none.",
         ge=0,
     )
+    max_bytes: Bytes = _field(
+        "128MiB",
+        "live",
+        "Bytes the stored responses may take together (serialized); oldest evicted first.",
+    )
     ttl: float = _field(3600.0, "live", "Seconds a stored response stays retrievable.", gt=0)
 
 

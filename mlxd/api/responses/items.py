@@ -56,9 +56,13 @@ def _part_text(part: Any, where: str) -> str:
     if not isinstance(part, dict):
         raise bad(where, f"A content part must be an object, got {type(part).__name__}.")
     kind = part.get("type")
-    if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+    if kind in ("input_text", "output_text", "text"):
+        if not isinstance(part.get("text"), str):
+            raise bad(f"{where}.text", f"An {kind!r} part's 'text' must be a string.")
         return part["text"]
-    if kind == "refusal" and isinstance(part.get("refusal"), str):
+    if kind == "refusal":
+        if not isinstance(part.get("refusal"), str):
+            raise bad(f"{where}.refusal", "A 'refusal' part's 'refusal' must be a string.")
         return part["refusal"]
     if kind in ("input_image", "input_file", "input_audio"):
         raise unsupported(where, f"mlxd serves a text model; {kind!r} parts are not accepted.")
