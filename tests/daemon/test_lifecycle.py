@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -191,3 +192,39 @@ def _answers(d: Daemon, path: str) -> bool:
         return httpx.get(f"{d.url}{path}", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_off_loopback_a_stalled_body_is_cut_off_before_authentication(tmp_path, tiny_models):
+    # Bound off loopback with an admin token, a client without it that stops
+    # sending its form once held the connection for ever (the CSRF check and
+    # the form parser waited for the body before any guard ran).
+    config = _tiny_config(
+        tiny_models,
+        server={"host": "0.0.0.0", "admin_token": "t0ken", "api_keys": ["k"]},
+        limits={"body_timeout": 1.0},
+    )
+    d = Daemon(tmp_path, config).start()
+    try:
+        for path in ("/dashboard/models/load", "/dashboard/config/apply", "/v1/chat/completions"):
+            kind = (
+                "application/json"
+                if path.startswith("/v1")
+                else "application/x-www-form-urlencoded"
+            )
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{d.port}\r\n"
+                f"Content-Type: {kind}\r\nContent-Length: 500\r\n\r\nmodel="
+            ).encode()
+            started = time.monotonic()
+            with socket.create_connection(("127.0.0.1", d.port), timeout=10) as sock:
+                sock.sendall(head)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408"), (path, answer[:200])
+            assert time.monotonic() - started < 5
+        # A complete, unauthenticated write is still refused as before.
+        r = httpx.post(f"{d.url}/dashboard/models/load", data={"model": "x"}, timeout=10)
+        assert r.status_code in (401, 403)
+    finally:
+        d.stop()
