@@ -7,7 +7,8 @@ limits only while it generates: more than 2,000 Earley items in one row (a
 position where an object's optional properties or an ``anyOf``'s branches
 are all open), or lexer fuel spent on a counted repetition
 (``(x{1000}){1000}``). :func:`check_schema` measures what drives each of
-these in one linear walk, in pure Python, and refuses a schema beyond
+these on the schema's graph (:mod:`mlxd.engine.schema_graph`), in linear
+time and pure Python, and refuses a schema beyond
 :data:`LIMITS` with a 400 that names the limit (docs/api.md, "Structured
 output limits"). It also refuses a ``$ref`` cycle with no way out (``{"$ref":
 "#"}``, ``a -> b -> a``, a required property that is the object again):
@@ -19,6 +20,8 @@ The measures (each with the reason for its bound):
   subschema's nesting and each ``$ref`` followed; a ``$ref`` target is
   compiled once, so a path through a recursive group counts each member
   once. About 4 KiB of stack a level: 256 levels stay under 1.1 MiB.
+  (llguidance's ``define_ref -> compile_resource`` recursion has no bound of
+  its own; reported upstream.)
 - ``width``: the alternatives open at one position (an object's optional
   properties count 4 Earley items each, an ``anyOf``/``oneOf`` adds its
   branches' widths, an ``allOf`` multiplies them): llguidance's row limit
@@ -35,11 +38,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine.messages import ErrorCode
+from mlxd.engine.schema_graph import TYPES, InvalidSchema, Node, SchemaGraph, escape
 
 
 class StructureError(ValueError):
@@ -68,17 +71,7 @@ class SchemaLimits:
 
 LIMITS = SchemaLimits()
 
-TYPES = frozenset({"null", "boolean", "object", "array", "number", "string", "integer"})
-# Keywords whose values are subschemas llguidance compiles: one, a list, a map.
-_ONE = ("additionalProperties", "additionalItems", "items")
-_LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
-_MAP = ("properties", "patternProperties")
-# Keywords that hold subschemas llguidance does not compile (counted, and
-# searched for $id / $anchor, never followed).
-_HELD_ONE = ("not", "if", "then", "else", "contains", "propertyNames", "unevaluatedProperties")
-_HELD_MAP = ("$defs", "definitions", "dependentSchemas")
 _REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
-_ROOT_URI = "json-schema:///"
 
 
 def _too_complex(what: str, limit: int, param: str) -> StructureError:
@@ -154,164 +147,8 @@ def _class_end(pattern: str, i: int) -> int:
     return i
 
 
-@dataclass
-class _Node:
-    """One subschema position llguidance may compile."""
-
-    pointer: str
-    value: Any
-    base: str  # the URI of the resource it belongs to (its nearest $id)
-    children: list[str]
-    ref: str | None = None  # the pointer of its $ref target
-
-
-class _Walk:
-    """The schema indexed by JSON pointer, with its resources and anchors."""
-
-    def __init__(self, schema: Any, param: str, limits: SchemaLimits):
-        self.param = param
-        self.limits = limits
-        self.values: dict[str, Any] = {}
-        self.bases: dict[str, str] = {}
-        self.resources: dict[str, str] = {_ROOT_URI: ""}
-        self.anchors: dict[str, str] = {}
-        self.properties = 0
-        self._index(schema)
-
-    def _index(self, schema: Any) -> None:
-        stack: list[tuple[str, Any, str]] = [("", schema, _ROOT_URI)]
-        while stack:
-            pointer, value, base = stack.pop()
-            if len(self.values) >= self.limits.nodes:
-                limit = self.limits.nodes
-                raise _too_complex(f"it has more than {limit} subschemas", limit, self.param)
-            if not isinstance(value, (dict, bool)):
-                raise _invalid(
-                    f"the subschema at '#{pointer}' is a {type(value).__name__}; "
-                    "a schema is an object or a boolean",
-                    self.param,
-                )
-            self.values[pointer] = value
-            if isinstance(value, bool):
-                self.bases[pointer] = base
-                continue
-            ident = value.get("$id")
-            if isinstance(ident, str) and ident:
-                base = _join(base, ident).split("#", 1)[0]
-                self.resources[base] = pointer
-            anchor = value.get("$anchor")
-            if isinstance(anchor, str):
-                self.anchors[f"{base}#{anchor}"] = pointer
-            self.bases[pointer] = base
-            props = value.get("properties")
-            if isinstance(props, dict):
-                self.properties += len(props)
-                if self.properties > self.limits.properties:
-                    raise _too_complex(
-                        f"it has more than {self.limits.properties} properties",
-                        self.limits.properties,
-                        self.param,
-                    )
-            for child, sub in _subschemas(pointer, value, held=True):
-                stack.append((child, sub, base))
-
-    def resolve(self, pointer: str, ref: Any) -> str:
-        """The pointer a ``$ref`` at ``pointer`` names; a 400 when it names none here."""
-        if not isinstance(ref, str):
-            raise _invalid(f"'$ref' at '#{pointer}' is not a string", self.param)
-        uri, _, fragment = _join(self.bases[pointer], ref).partition("#")
-        root = self.resources.get(uri)
-        if root is None:
-            raise StructureError(
-                f"The schema's '$ref' {ref[:200]!r} (at '#{pointer}') points outside the "
-                "schema; only references within it ('#', '#/$defs/...', an '$id' or an "
-                "'$anchor' it declares) are resolved.",
-                code="invalid_schema",
-                param=self.param,
-            )
-        if fragment and not fragment.startswith("/"):
-            target = self.anchors.get(f"{uri}#{fragment}")
-        else:
-            target = root + _decode_pointer(fragment)
-            if target not in self.values:
-                target = None
-        if target is None:
-            raise _invalid(
-                f"'$ref' {ref[:200]!r} (at '#{pointer}') names no subschema of this schema",
-                self.param,
-            )
-        return target
-
-
-def _join(base: str, ref: str) -> str:
-    """``ref`` resolved against ``base`` (enough of RFC 3986 for schema ids)."""
-    if ref.startswith("#"):
-        return base.split("#", 1)[0] + ref
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", ref):
-        return ref
-    from urllib.parse import urljoin
-
-    return urljoin(base, ref)
-
-
-def _decode_pointer(fragment: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(fragment)
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _subschemas(pointer: str, value: dict[str, Any], *, held: bool) -> Iterator[tuple[str, Any]]:
-    """``(pointer, subschema)`` for each subschema position under ``value``.
-
-    ``held`` also yields the positions llguidance does not compile
-    (``$defs``, ``not``, ...), for indexing.
-    """
-    for key in _ONE + (_HELD_ONE if held else ()):
-        sub = value.get(key)
-        if isinstance(sub, (dict, bool)):
-            yield f"{pointer}/{_escape(key)}", sub
-    for key in _LIST:
-        subs = value.get(key)
-        if isinstance(subs, list):
-            for i, sub in enumerate(subs):
-                yield f"{pointer}/{key}/{i}", sub
-    for key in _MAP + (_HELD_MAP if held else ()):
-        subs = value.get(key)
-        if isinstance(subs, dict):
-            for name, sub in subs.items():
-                yield f"{pointer}/{_escape(key)}/{_escape(name)}", sub
-
-
-def _graph(walk: _Walk) -> dict[str, _Node]:
-    """The subschemas reachable from the root through what llguidance compiles."""
-    nodes: dict[str, _Node] = {}
-    todo = [""]
-    while todo:
-        pointer = todo.pop()
-        if pointer in nodes:
-            continue
-        value = walk.values[pointer]
-        node = _Node(pointer, value, walk.bases[pointer], [])
-        nodes[pointer] = node
-        if isinstance(value, bool):
-            continue
-        _check_values(walk, pointer, value)
-        node.children = [child for child, _ in _subschemas(pointer, value, held=False)]
-        if "$ref" in value:
-            node.ref = walk.resolve(pointer, value["$ref"])
-        todo.extend(node.children)
-        if node.ref is not None:
-            todo.append(node.ref)
-    return nodes
-
-
-def _check_values(walk: _Walk, pointer: str, value: dict[str, Any]) -> None:
-    """The keywords of one subschema that are checked on their own."""
-    limits, param = walk.limits, walk.param
+def _check_values(pointer: str, value: dict[str, Any], limits: SchemaLimits, param: str) -> None:
+    """The keywords of one subschema that are measured on their own."""
     kind = value.get("type")
     kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
     for k in kinds:
@@ -351,86 +188,32 @@ def _check_values(walk: _Walk, pointer: str, value: dict[str, Any]) -> None:
             )
 
 
-def _components(nodes: dict[str, _Node]) -> list[list[str]]:
-    """Tarjan's strongly connected components, iteratively; each comes after those it reaches."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    out: list[list[str]] = []
-    counter = 0
-    for start in nodes:
-        if start in index:
-            continue
-        work = [(start, iter(_edges(nodes[start])))]
-        index[start] = low[start] = counter
-        counter += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            v, edges = work[-1]
-            advanced = False
-            for w in edges:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(_edges(nodes[w]))))
-                    advanced = True
-                    break
-                if w in on_stack:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[v])
-            if low[v] == index[v]:
-                component = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    component.append(w)
-                    if w == v:
-                        break
-                out.append(component)
-    return out
-
-
-def _edges(node: _Node) -> list[str]:
-    return [*node.children, node.ref] if node.ref is not None else node.children
-
-
-def _depth(nodes: dict[str, _Node], components: list[list[str]]) -> tuple[int, str]:
-    """The deepest recursion (and where it starts): members of a cycle count once each."""
+def _depth(graph: SchemaGraph, components: list[list[str]]) -> int:
+    """The deepest recursion compiling can reach: members of a cycle count once each."""
     member = {p: i for i, c in enumerate(components) for p in c}
     deepest: list[int] = []
-    for i, component in enumerate(components):  # successors come first
+    for i, component in enumerate(components):  # what each reaches comes first
         below = 0
         for p in component:
-            for w in _edges(nodes[p]):
-                j = member[w]
-                if j != i:
-                    below = max(below, deepest[j])
+            for w in graph.nodes[p].edges:
+                if member[w] != i:
+                    below = max(below, deepest[member[w]])
         deepest.append(len(component) + below)
-    root = member[""]
-    return deepest[root], ""
+    return deepest[member[""]]
 
 
-def _width(nodes: dict[str, _Node], components: list[list[str]], cap: int) -> dict[str, int]:
+def _widths(graph: SchemaGraph, components: list[list[str]], cap: int) -> dict[str, int]:
     """The alternatives open where each subschema starts, capped at ``cap`` + 1."""
     widths: dict[str, int] = {}
-    for component in components:  # successors come first; a cycle counts once
+    for component in components:  # what each reaches comes first; a cycle counts once
         for p in component:
             widths[p] = 1
         for p in component:
-            widths[p] = min(_own_width(nodes[p], widths), cap + 1)
+            widths[p] = min(_width(graph.nodes[p], widths), cap + 1)
     return widths
 
 
-def _own_width(node: _Node, widths: dict[str, int]) -> int:
+def _width(node: Node, widths: dict[str, int]) -> int:
     value = node.value
     if isinstance(value, bool):
         return 1
@@ -440,6 +223,7 @@ def _own_width(node: _Node, widths: dict[str, int]) -> int:
         required = value.get("required")
         needed = set(required) if isinstance(required, list) else set()
         optional = sum(1 for name in props if name not in needed)
+        # llguidance: 4 Earley items per optional property, 7 for the object.
         width = 4 * optional + 7 if optional else 1
     for key in ("anyOf", "oneOf"):
         branches = value.get(key)
@@ -454,37 +238,34 @@ def _own_width(node: _Node, widths: dict[str, int]) -> int:
     return width
 
 
-def _productive(nodes: dict[str, _Node], components: list[list[str]]) -> list[str]:
+def _endless(graph: SchemaGraph, components: list[list[str]]) -> list[str]:
     """The subschemas on a ``$ref`` cycle that no finite value can satisfy."""
-    done: dict[str, bool] = {}
-    dead: list[str] = []
-    for component in components:
+    ends: dict[str, bool] = {}
+    endless: list[str] = []
+    for component in components:  # what each reaches comes first: a fixpoint per cycle
         for p in component:
-            done[p] = False
+            ends[p] = False
         changed = True
         while changed:
             changed = False
             for p in component:
-                if not done[p] and _can_end(nodes[p], done):
-                    done[p] = True
-                    changed = True
-        cyclic = len(component) > 1 or component[0] in _edges(nodes[component[0]])
-        if cyclic:
-            dead.extend(p for p in component if not done[p])
-    return dead
+                if not ends[p] and _can_end(graph.nodes[p], ends):
+                    ends[p] = changed = True
+        if graph.cyclic(component):
+            endless.extend(p for p in component if not ends[p])
+    return endless
 
 
-def _can_end(node: _Node, done: dict[str, bool]) -> bool:
+def _can_end(node: Node, ends: dict[str, bool]) -> bool:
     """Whether some finite value satisfies ``node``, given what is known of the others."""
-    value = node.value
+    value, p = node.value, node.pointer
     if isinstance(value, bool):
         return value
-    p = node.pointer
-    if node.ref is not None and not done.get(node.ref, True):
+    if node.ref is not None and not ends.get(node.ref, True):
         return False
     every = value.get("allOf")
     if isinstance(every, list) and not all(
-        done.get(f"{p}/allOf/{i}", True) for i in range(len(every))
+        ends.get(f"{p}/allOf/{i}", True) for i in range(len(every))
     ):
         return False
     for key in ("anyOf", "oneOf"):
@@ -492,17 +273,17 @@ def _can_end(node: _Node, done: dict[str, bool]) -> bool:
         if (
             isinstance(branches, list)
             and branches
-            and not any(done.get(f"{p}/{key}/{i}", True) for i in range(len(branches)))
+            and not any(ends.get(f"{p}/{key}/{i}", True) for i in range(len(branches)))
         ):
             return False
     if "enum" in value or "const" in value:
         return True
     kind = value.get("type")
     kinds = kind if isinstance(kind, list) else [kind] if isinstance(kind, str) else list(TYPES)
-    return any(_type_can_end(node, k, done) for k in kinds)
+    return any(_type_can_end(node, k, ends) for k in kinds)
 
 
-def _type_can_end(node: _Node, kind: str, done: dict[str, bool]) -> bool:
+def _type_can_end(node: Node, kind: str, ends: dict[str, bool]) -> bool:
     value, p = node.value, node.pointer
     if kind == "object":
         required = value.get("required")
@@ -511,9 +292,9 @@ def _type_can_end(node: _Node, kind: str, done: dict[str, bool]) -> bool:
             if not isinstance(name, str):
                 continue
             where = (
-                f"{p}/properties/{_escape(name)}" if name in props else f"{p}/additionalProperties"
+                f"{p}/properties/{escape(name)}" if name in props else f"{p}/additionalProperties"
             )
-            if not done.get(where, True):
+            if not ends.get(where, True):
                 return False
         return True
     if kind == "array":
@@ -521,13 +302,10 @@ def _type_can_end(node: _Node, kind: str, done: dict[str, bool]) -> bool:
         least = least if isinstance(least, int) and least > 0 else 0
         prefix = value.get("prefixItems")
         prefix = prefix if isinstance(prefix, list) else []
-        for i in range(min(least, len(prefix))):
-            if not done.get(f"{p}/prefixItems/{i}", True):
-                return False
-        items = value.get("items")
-        if least > len(prefix) and isinstance(items, (dict, bool)):
-            return done.get(f"{p}/items", True)
-        return True
+        if not all(ends.get(f"{p}/prefixItems/{i}", True) for i in range(min(least, len(prefix)))):
+            return False
+        if least > len(prefix) and isinstance(value.get("items"), (dict, bool)):
+            return ends.get(f"{p}/items", True)
     return True
 
 
@@ -544,10 +322,19 @@ def check_schema(schema: Any, *, param: str, limits: SchemaLimits = LIMITS) -> N
     size = len(json.dumps(schema, ensure_ascii=False))
     if size > limits.json_chars:
         raise _too_complex(f"it is {size} characters of JSON", limits.json_chars, param)
-    walk = _Walk(schema, param, limits)
-    nodes = _graph(walk)
-    components = _components(nodes)
-    depth, _ = _depth(nodes, components)
+    try:
+        graph = SchemaGraph(schema)
+    except InvalidSchema as exc:
+        raise _invalid(str(exc), param) from None
+    if graph.properties > limits.properties:
+        raise _too_complex(f"it has {graph.properties} properties", limits.properties, param)
+    if len(graph.values) > limits.nodes:
+        raise _too_complex(f"it has {len(graph.values)} subschemas", limits.nodes, param)
+    for pointer, node in graph.nodes.items():
+        if isinstance(node.value, dict):
+            _check_values(pointer, node.value, limits, param)
+    components = graph.components()
+    depth = _depth(graph, components)
     if depth > limits.depth:
         raise _too_complex(
             f"compiling it nests {depth} levels deep (each subschema inside another, "
@@ -555,20 +342,20 @@ def check_schema(schema: Any, *, param: str, limits: SchemaLimits = LIMITS) -> N
             limits.depth,
             param,
         )
-    widths = _width(nodes, components, limits.width)
+    widths = _widths(graph, components, limits.width)
     widest = max(widths, key=lambda p: widths[p])
     if widths[widest] > limits.width:
-        shown = f"more than {limits.width}" if widths[widest] > limits.width else widths[widest]
         raise _too_complex(
-            f"at '#{widest}' {shown} alternatives are open at once (each optional property "
-            "counts 4, the branches of an anyOf or oneOf add up, an allOf multiplies them)",
+            f"at '#{widest}' more than {limits.width} alternatives are open at once (each "
+            "optional property counts 4, the branches of an anyOf or oneOf add up, an allOf "
+            "multiplies them)",
             limits.width,
             param,
         )
-    dead = _productive(nodes, components)
-    if dead:
+    endless = _endless(graph, components)
+    if endless:
         raise StructureError(
-            f"The schema can never be satisfied: the subschema at '#{min(dead, key=len)}' "
+            f"The schema can never be satisfied: the subschema at '#{min(endless, key=len)}' "
             "refers back to itself through '$ref' with no way to end (every branch "
             "leads back into the cycle). Give the recursion a way out: an optional "
             "property, an anyOf branch without the '$ref', or an array that may be empty.",
