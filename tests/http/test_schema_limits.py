@@ -232,5 +232,5 @@ def test_the_event_loop_answers_while_large_schemas_compile(hermes: Daemon):
     # Each request spent most of its time in the schema checks and the compile
     # (two tokens of a tiny model take milliseconds); /health never waited for them.
     print(f"slowest /health {slowest:.3f} s; requests {sorted(durations)}")
-    assert slowest < max(durations) / 5, (slowest, durations)
+    assert slowest < max(durations) / 3, (slowest, durations)
     assert_serving(hermes)
