@@ -107,6 +107,8 @@ class ResponseStore:
         ``max_bytes`` on its own)."""
         limits = self._limits()
         self.expire()
+        if limits.max_stored <= 0:
+            return False
         entry = StoredResponse(
             rid,
             owner,
@@ -114,13 +116,12 @@ class ResponseStore:
             msgspec.json.encode(messages),
             self._clock(),
         )
-        if limits.max_stored <= 0 or entry.size > limits.max_bytes:
-            if limits.max_stored > 0:
-                logger.info(
-                    "response %s not stored: %d bytes, more than [responses] max_bytes",
-                    rid,
-                    entry.size,
-                )
+        if entry.size > limits.max_bytes:
+            logger.info(
+                "response %s not stored: %d bytes, more than [responses] max_bytes",
+                rid,
+                entry.size,
+            )
             return False
         self._remove(rid)
         self._items[rid] = entry
