@@ -35,7 +35,10 @@ from mlxd.engine.fleet.values import STATES as MODEL_STATES
 from mlxd.engine.fleet.values import FleetEvent, FleetRefusal, FleetStatus, ModelState
 from mlxd.engine.messages import (
     Accepted,
+    Admitted,
     Api,
+    CacheLookup,
+    CacheSource,
     ChatPrompt,
     Constraint,
     Delta,
@@ -57,7 +60,7 @@ from mlxd.engine.messages import (
     Usage,
 )
 from mlxd.engine.policy.lanes import LaneDecision
-from mlxd.engine.snapshot import Snapshot
+from mlxd.engine.snapshot import RecentLookup, Snapshot
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.engine import Engine
@@ -67,7 +70,10 @@ __all__ = [
     "MODEL_STATES",
     "TOOL_GRAMMAR_FORMATS",
     "Accepted",
+    "Admitted",
     "Api",
+    "CacheLookup",
+    "CacheSource",
     "ChatPrompt",
     "ClusterStatus",
     "Constraint",
@@ -94,6 +100,7 @@ __all__ = [
     "ModelState",
     "PenaltyParams",
     "Prompt",
+    "RecentLookup",
     "RequestHandle",
     "SamplingParams",
     "Snapshot",

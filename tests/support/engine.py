@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ from mlxd.config import load_settings
 from mlxd.engine.chat.engine import Engine
 from mlxd.engine.messages import (
     Accepted,
+    Admitted,
     Delta,
     Failed,
     Finished,
@@ -29,6 +32,9 @@ class Outcome:
     text: str = ""
     end: Finished | Failed | None = None
     deltas: list[Delta] = field(default_factory=list)
+    # The admission event (its prompt-cache lookup), and whether it came before any Delta.
+    admitted: Admitted | None = None
+    admitted_first: bool = False
 
     @property
     def ok(self) -> bool:
@@ -36,7 +42,10 @@ class Outcome:
 
 
 def make_engine(model_dir: Path, *, faults: bool = False, **sections: dict[str, Any]) -> Engine:
-    overrides = {"model": {"path": str(model_dir)}, **sections}
+    """A started engine on ``model_dir``, loaded; its state (disk tier) in a fresh directory."""
+    state = tempfile.mkdtemp(prefix="engine-", dir=os.environ.get("MLXD_SERVER__STATE_DIR"))
+    server = {"state_dir": state, **sections.pop("server", {})}
+    overrides = {"model": {"path": str(model_dir)}, "server": server, **sections}
     engine = Engine(load_settings(None, overrides=overrides), fault_injection=faults)
     engine.start()
     assert engine.wait_loaded(120), "model did not load"
@@ -69,7 +78,9 @@ async def consume(
         out.end = out.accepted
         return out
     async for event in handle.events():
-        if isinstance(event, Delta):
+        if isinstance(event, Admitted):
+            out.admitted, out.admitted_first = event, not out.deltas
+        elif isinstance(event, Delta):
             out.deltas.append(event)
             out.tokens.extend(event.token_ids)
             out.text += event.text

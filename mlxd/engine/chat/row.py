@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import mlx.core as mx
 
@@ -17,6 +17,7 @@ from mlxd.engine.channel import Channel
 from mlxd.engine.chat.output import OutputSplitter, Split
 from mlxd.engine.chat.stops import TextStream
 from mlxd.engine.messages import (
+    CacheLookup,
     Delta,
     Failed,
     Finished,
@@ -29,6 +30,9 @@ from mlxd.engine.messages import (
     Usage,
 )
 from mlxd.engine.policy.admission import RowExtent
+
+if TYPE_CHECKING:
+    from mlxd.engine.chat.prompt_cache import Fetched, Kind
 
 Phase = Literal["pending", "queued", "prefill", "decode"]
 _NO_EXTENT = RowExtent(0)
@@ -59,7 +63,14 @@ class Row:
     # Every sampled token, end-of-sequence included (what the KV cache holds).
     generated_ids: list[int] = field(default_factory=list)
     # The head of the pending queue keeps its prompt-cache lookup while it waits.
-    prefetched: tuple[Any, list[int]] | None = None
+    prefetched: Fetched | None = None
+    # Where the system prefix and the reusable prompt end (intake; None: no such point).
+    system_end: int | None = None
+    prompt_end: int | None = None
+    # Checkpoints still to take while prefilling: (position, kind), in order.
+    checkpoints: list[tuple[int, Kind]] = field(default_factory=list)
+    # The prompt-cache lookup made at admission.
+    lookup: CacheLookup | None = None
     admitted_mono: float | None = None
     first_token_mono: float | None = None
     cancelled: bool = False
@@ -120,7 +131,13 @@ class Row:
         final: FinishReason = reason
         if reason == "stop" and self.output.calls:
             final = "tool_calls"
-        event = Finished(final, self.usage(), self.timings(), stop_sequence=self.text.matched)
+        event = Finished(
+            final,
+            self.usage(),
+            self.timings(),
+            stop_sequence=self.text.matched,
+            lookup=self.lookup,
+        )
         self.channel.push(event)
         return event
 

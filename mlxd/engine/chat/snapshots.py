@@ -146,4 +146,5 @@ def build_snapshot(
         history=core.peaks.history(wall),
         busy=core.busy or core.intaking > 0,
         cluster=cluster,
+        lookups=tuple(core.lookups),
     )
