@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from litestar import Request, Response
 from litestar.response import Stream
 
+from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
 from mlxd.api.state import AppState
@@ -99,26 +100,44 @@ def check_values(info: ModelInfo | None, gen: GenerationRequest) -> None:
     try:
         check_request(gen, info)
     except IntakeError as exc:
-        raise OpenAIError(400, str(exc), code=exc.code, param=exc.param) from None
+        param = prompt_param(gen, exc.param)
+        raise OpenAIError(400, str(exc), code=exc.code, param=param) from None
 
 
 async def warm_constraint(
     state: AppState, lease: Lease, gen: GenerationRequest, *, json_param: str, tools_param: str
 ) -> None:
-    """Compile a request's grammar before it is queued; a 400 when it cannot be."""
-    if gen.constraint is None:
+    """Check and compile a request's grammar off the event loop before it is queued (400s)."""
+    constraint = gen.constraint
+    if constraint is None:
         return
-    warmed = await lease.engine.warm_grammar(gen.constraint)
-    if isinstance(warmed, tuple):
+    warmed = await prepare_off_loop(
+        lease.engine,
+        constraint,
+        param=json_param if constraint.kind == "json" else tools_param,
+        budget=state.settings.limits.grammar_timeout,
+    )
+    if warmed is not None:
         for observe in state.compile_observers:
             observe(*warmed)
-    elif warmed is not None:
-        raise OpenAIError(
-            400,
-            f"The grammar cannot be compiled for this model: {warmed}",
-            code="invalid_schema",
-            param=json_param if gen.constraint.kind == "json" else tools_param,
-        )
+
+
+# What each API calls the prompt, where the engine says "messages" (chat's name).
+_PROMPT_PARAMS = {"responses": "input"}
+
+
+def prompt_param(gen: GenerationRequest, param: str | None) -> str | None:
+    """The engine's ``param`` as ``gen``'s API names it (the prompt is ``input`` in Responses)."""
+    if param == "messages":
+        return _PROMPT_PARAMS.get(gen.api, param)
+    return param
+
+
+def refusal(gen: GenerationRequest, failed: Failed) -> OpenAIError:
+    """The engine's refusal or failure of ``gen`` as an error of its API."""
+    err = OpenAIError.from_failed(failed)
+    err.param = prompt_param(gen, err.param)
+    return err
 
 
 class Output(Protocol):
@@ -203,7 +222,7 @@ async def generate(
     try:
         accepted = await handle.accepted()
         if isinstance(accepted, Failed):
-            raise OpenAIError.from_failed(accepted)
+            raise refusal(gen, accepted)
         output = make_output(accepted)
         headers = {
             **(headers or {}),
@@ -233,7 +252,7 @@ async def generate(
                 return Response(output.response(event), headers=headers)
             elif isinstance(event, Failed):
                 done(event)
-                raise OpenAIError.from_failed(event)
+                raise refusal(gen, event)
         raise OpenAIError(
             500, "the engine ended the request without an answer", code="internal_error"
         )

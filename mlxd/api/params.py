@@ -20,6 +20,10 @@ from mlxd.engine import PenaltyParams, SamplingParams
 MAX_LOGIT_BIAS = 300
 MAX_STOPS = 16
 MAX_STOP_CHARS = 500
+# OpenAI's bounds on ``metadata``: pairs, key and value characters.
+MAX_METADATA = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 _TOKEN_ID = re.compile(r"^[0-9]{1,10}$")
@@ -167,3 +171,33 @@ def _seed(seed: int | None) -> int | None:
     if not SEED_MIN <= seed <= SEED_MAX:
         raise bad("seed", f"'seed' must be between {SEED_MIN} and {SEED_MAX}, got {seed}.")
     return seed % 2**64
+
+
+def metadata(value: dict[str, str] | None, name: str = "metadata") -> None:
+    """``metadata`` within OpenAI's bounds: 16 pairs, 64-character keys, 512-character values."""
+    if value is None:
+        return
+    if len(value) > MAX_METADATA:
+        raise bad(
+            name,
+            f"'{name}' has {len(value)} pairs; at most {MAX_METADATA} are allowed.",
+        )
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise bad(
+                name,
+                f"A key of '{name}' is {len(key)} characters; at most {MAX_METADATA_KEY} "
+                "are allowed.",
+            )
+        if len(item) > MAX_METADATA_VALUE:
+            raise bad(
+                f"{name}.{key}",
+                f"'{name}.{key}' is {len(item)} characters; at most {MAX_METADATA_VALUE} "
+                "are allowed.",
+            )
+
+
+def stream_options(given: bool, stream: bool | None) -> None:
+    """``stream_options`` only with ``stream: true`` (as OpenAI)."""
+    if given and not stream:
+        raise bad("stream_options", "'stream_options' is only allowed when 'stream' is true.")

@@ -51,7 +51,7 @@ class AppState:
         )
         self.observers: list[Observer] = []
         # Responses kept for previous_response_id and GET /v1/responses/{id}.
-        self.responses = ResponseStore()
+        self.responses = ResponseStore(lambda: self.settings.responses)
         # Called with (seconds, cached) for each grammar prepared for a request.
         self.compile_observers: list[Callable[[float, bool], None]] = []
         # SIGHUP, /admin/reload and the editor never reload at the same time.

@@ -248,6 +248,12 @@ class LimitSettings(Section):
     body_timeout: float = _field(
         60.0, "live", "Seconds a client may take to send a request body; then 408.", gt=0
     )
+    grammar_timeout: float = _field(
+        10.0,
+        "live",
+        "Seconds a request's JSON schema or tool grammar may take to compile; then 400.",
+        gt=0,
+    )
 
 
 class ResponsesSettings(Section):
@@ -256,6 +262,11 @@ class ResponsesSettings(Section):
         "live",
         "Responses kept in memory for previous_response_id and GET; 0 stores none.",
         ge=0,
+    )
+    max_bytes: Bytes = _field(
+        "128MiB",
+        "live",
+        "Bytes the stored responses may take together (serialized); oldest evicted first.",
     )
     ttl: float = _field(3600.0, "live", "Seconds a stored response stays retrievable.", gt=0)
 

@@ -18,8 +18,10 @@ from mlxd.engine.cluster.status import ClusterStatus
 from mlxd.engine.constraints import (
     TOOL_GRAMMAR_FORMATS,
     StructureError,
+    check_constraint,
     json_constraint,
     tool_constraint,
+    validate_constraint,
 )
 from mlxd.engine.embeddings.checks import check_inputs as check_embedding_inputs
 from mlxd.engine.embeddings.messages import (
@@ -109,8 +111,10 @@ __all__ = [
     "ToolCall",
     "TopLogprob",
     "Usage",
+    "check_constraint",
     "check_embedding_inputs",
     "check_request",
     "json_constraint",
     "tool_constraint",
+    "validate_constraint",
 ]

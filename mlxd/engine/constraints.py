@@ -1,10 +1,14 @@
-"""Grammars for structured output and enforced tool calls, built and checked up front.
+"""Grammars for structured output and enforced tool calls, built here and checked off the loop.
 
-Pure and MLX-free (the HTTP side uses it before queueing a request): JSON
-Schema becomes an llguidance grammar with llguidance's own compiler, and a
-tool call is a small Lark grammar in the model's native call format around
-``%json`` schemas. Checking here means a bad schema is a 400 before the
-request is queued; the engine compiles the same grammar for the model.
+Pure and MLX-free (the HTTP side uses it): JSON Schema becomes an llguidance
+grammar with llguidance's own compiler, and a tool call is a small Lark
+grammar in the model's native call format around ``%json`` schemas. Building
+a :class:`~mlxd.engine.messages.Constraint` only wraps the schemas (cheap, on
+the event loop); :func:`check_constraint` then measures them against
+:mod:`mlxd.engine.schema_limits` and :func:`validate_constraint` has
+llguidance validate the grammar without a tokenizer. Both block, so the HTTP
+side runs them in a worker thread under a time budget, before the request is
+queued: a bad schema is a 400 before anything is generated.
 """
 
 from __future__ import annotations
@@ -13,38 +17,64 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from llguidance import LLMatcher
+from llguidance import LLMatcher, LLParserLimits
 
-from mlxd.engine.messages import Constraint, ErrorCode
+from mlxd.engine.messages import Constraint
+from mlxd.engine.schema_limits import StructureError, check_schema
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # the stub's TypedDict (not at runtime)
 
-# The JSON compiler's options: compact JSON (no free whitespace a random or
-# small model could loop in). ``lenient`` is set per schema (strict -> False).
+__all__ = [
+    "TOOL_GRAMMAR_FORMATS",
+    "StructureError",
+    "check_constraint",
+    "json_constraint",
+    "parser_limits",
+    "tool_constraint",
+    "validate_constraint",
+]
 
 # Tool-call formats (mlx-lm tool parser names) that have a grammar.
 TOOL_GRAMMAR_FORMATS = ("json_tools", "mistral")
 MAX_PARALLEL_CALLS = 8
+# llguidance's error messages quote the grammar and the parser state unless
+# told not to; a client's 400 needs the reason only.
+_MAX_MESSAGE = 600
 
 
-class StructureError(ValueError):
-    """A schema or tool definition that cannot be enforced; a 400."""
-
-    def __init__(self, message: str, *, code: ErrorCode, param: str):
-        super().__init__(message)
-        self.code: ErrorCode = code
-        self.param = param
+def parser_limits() -> LLParserLimits:
+    """llguidance's own limits as mlxd uses them: its defaults, with short errors."""
+    return LLParserLimits(verbose_errors=False)
 
 
 def _key(grammar: str) -> str:
     return hashlib.sha256(grammar.encode()).hexdigest()
 
 
-def _check(grammar: str, param: str) -> None:
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+def short(message: str) -> str:
+    """An llguidance message cut to what a client needs."""
+    message = message.replace("<non-verbose/>", "").strip()
+    return message if len(message) <= _MAX_MESSAGE else message[:_MAX_MESSAGE] + " …"
+
+
+def check_constraint(constraint: Constraint) -> None:
+    """Measure the constraint's schemas against the limits (StructureError); blocking."""
+    for param, schema in constraint.schemas:
+        check_schema(schema, param=param)
+
+
+def validate_constraint(constraint: Constraint, param: str) -> None:
+    """Have llguidance validate the grammar without a tokenizer (StructureError); blocking.
+
+    For when no model's tokenizer is at hand; with one, compiling the
+    matcher validates the same way (``mlxd.engine.chat.grammar``).
+    """
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(
+        constraint.grammar, limits=parser_limits()
+    )
     if is_error:
-        why = "; ".join(messages) or "invalid grammar"
+        why = short("; ".join(messages) or "invalid grammar")
         raise StructureError(
             f"The schema cannot be enforced: {why}. "
             "With strict, every keyword must be enforceable; without strict, "
@@ -55,19 +85,28 @@ def _check(grammar: str, param: str) -> None:
 
 
 def _schema_options(strict: bool) -> JsonCompileOptions:
+    # Compact JSON (no free whitespace a random or small model could loop in).
     return {"whitespace_flexible": False, "lenient": not strict}
 
 
-def json_constraint(schema: dict[str, Any], *, strict: bool, param: str) -> Constraint:
+def json_constraint(schema: Any, *, strict: bool, param: str) -> Constraint:
     """The constraint for a ``json_schema`` (or ``json_object``) response format."""
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise StructureError(
+            "The schema is not valid: a schema is an object (or true); "
+            "false would allow no answer at all.",
+            code="invalid_schema",
+            param=param,
+        )
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_schema_options(strict))
     except (ValueError, TypeError) as exc:
         raise StructureError(
-            f"The schema is not valid: {exc}", code="invalid_schema", param=param
+            f"The schema is not valid: {short(str(exc))}", code="invalid_schema", param=param
         ) from None
-    _check(grammar, param)
-    return Constraint("json", grammar, _key(grammar))
+    return Constraint("json", grammar, _key(grammar), schemas=((param, schema),))
 
 
 def _json_rule(schema: dict[str, Any], strict: bool) -> str:
@@ -85,17 +124,25 @@ def _hermes(tools: list[dict[str, Any]], most: int) -> str:
             "type": "object",
             "properties": {
                 "name": {"const": t["name"]},
-                "arguments": t["parameters"],
+                "arguments": _own_resource(t["parameters"], i),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for t in tools
+        for i, t in enumerate(tools)
     ]
     strict = all(t["strict"] for t in tools)
     body = _json_rule({"anyOf": options}, strict)
     more = f' ("\\n" call){{0,{most - 1}}}' if most > 1 else ""
     return f'start: call{more}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: {body}\n'
+
+
+def _own_resource(parameters: dict[str, Any], i: int) -> dict[str, Any]:
+    # Nested in the call object, a tool's "#/$defs/..." would resolve against
+    # the call object; an $id makes its parameters the root of their own refs.
+    if "$id" in parameters:
+        return parameters
+    return {"$id": f"urn:mlxd:tool:{i}", **parameters}
 
 
 def _mistral(tools: list[dict[str, Any]], most: int) -> str:
@@ -121,8 +168,9 @@ def tool_constraint(
 ) -> Constraint:
     """The grammar that forces one call (or up to 8 with ``parallel``) to one of ``tools``.
 
-    ``tools`` are ``{"name", "parameters", "strict"}``; pass only the named
-    function for a named ``tool_choice``.
+    ``tools`` are ``{"name", "parameters", "strict"}``, with ``"param"``, the
+    name a refusal of its parameters gives (default ``param``); pass only the
+    named function for a named ``tool_choice``.
     """
     if tool_format not in TOOL_GRAMMAR_FORMATS:
         raise StructureError(
@@ -136,5 +184,5 @@ def tool_constraint(
     tools = [{**t, "parameters": _closed(t["parameters"])} for t in tools]
     lark = _hermes(tools, most) if tool_format == "json_tools" else _mistral(tools, most)
     grammar = LLMatcher.grammar_from_lark(lark)
-    _check(grammar, param)
-    return Constraint("tools", grammar, _key(grammar), tool_format=tool_format)
+    schemas = tuple((t.get("param", param), t["parameters"]) for t in tools)
+    return Constraint("tools", grammar, _key(grammar), tool_format=tool_format, schemas=schemas)

@@ -8,7 +8,7 @@ out through a per-request channel. Errors cross as values
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Lane = Literal["batch", "serial"]
 # Which HTTP API a request came in through (shown in /stats and the dashboard).
@@ -90,6 +90,10 @@ class Constraint:
     grammar: str
     key: str
     tool_format: str | None = None
+    # The JSON Schemas inside the grammar, each with the parameter that named
+    # it, for the checks before compiling (``constraints.check_constraint``);
+    # never read by the engine, and not part of the grammar's identity.
+    schemas: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -272,6 +276,8 @@ ErrorCode = Literal[
     # A tool_choice the model's tool-call format has no grammar for (StructureError).
     "tool_format_unsupported",
     "invalid_schema",
+    # A schema beyond the structured-output limits (mlxd.engine.schema_limits).
+    "schema_too_complex",
     "tools_unsupported",
     "invalid_value",
     "peer_lost",

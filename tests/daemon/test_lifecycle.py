@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -152,3 +153,78 @@ def test_off_loopback_without_admin_token_is_loud(tmp_path, tiny_models, exposed
     assert warned is exposed and banner is exposed
     if exposed:
         assert "/v1 is open to anyone" in page.text
+
+
+def test_a_model_that_fails_to_load_keeps_its_path_from_clients(tmp_path, tiny_models):
+    # A model directory that passes the checks at start but cannot load.
+    private = tmp_path / "private-models" / "broken"
+    private.mkdir(parents=True)
+    (private / "config.json").write_text((tiny_models("llama") / "config.json").read_text())
+    (private / "model.safetensors").write_bytes(b"\x00" * 100)
+    d = Daemon(tmp_path, toml_config(model={"path": str(private), "name": "broken"}))
+    d.start(wait_ready=False)
+    try:
+        _wait(lambda: _answers(d, "/health"), timeout=120)
+        with d.client() as http:
+            _wait(lambda: http.get("/ready").json().get("reason", "").startswith("mlx_lm"), 120)
+            ready = http.get("/ready")
+            chat = http.post(
+                "/v1/chat/completions",
+                json={"model": "broken", "messages": [{"role": "user", "content": "hi"}]},
+            )
+            models = http.get("/v1/models")
+            stats = http.get("/stats")
+        assert ready.status_code == 503 and chat.status_code == 503
+        assert chat.json()["error"]["code"] == "model_load_failed"
+        # Clients read why, without where: no part of the server's path.
+        for answer in (ready, chat, models):
+            assert "private-models" not in answer.text and str(tmp_path) not in answer.text
+            assert "<path>" in answer.text, answer.text
+        # The operator's views keep it: /stats and the log.
+        assert str(private) in stats.text
+        assert str(private) in d.log()
+    finally:
+        d.stop()
+
+
+def _answers(d: Daemon, path: str) -> bool:
+    try:
+        return httpx.get(f"{d.url}{path}", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_off_loopback_a_stalled_body_is_cut_off_before_authentication(tmp_path, tiny_models):
+    # Bound off loopback with an admin token, a client without it that stops
+    # sending its form once held the connection for ever (the CSRF check and
+    # the form parser waited for the body before any guard ran).
+    config = _tiny_config(
+        tiny_models,
+        server={"host": "0.0.0.0", "admin_token": "t0ken", "api_keys": ["k"]},
+        limits={"body_timeout": 1.0},
+    )
+    d = Daemon(tmp_path, config).start()
+    try:
+        for path in ("/dashboard/models/load", "/dashboard/config/apply", "/v1/chat/completions"):
+            kind = (
+                "application/json"
+                if path.startswith("/v1")
+                else "application/x-www-form-urlencoded"
+            )
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{d.port}\r\n"
+                f"Content-Type: {kind}\r\nContent-Length: 500\r\n\r\nmodel="
+            ).encode()
+            started = time.monotonic()
+            with socket.create_connection(("127.0.0.1", d.port), timeout=10) as sock:
+                sock.sendall(head)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408"), (path, answer[:200])
+            assert time.monotonic() - started < 5
+        # A complete, unauthenticated write is still refused as before.
+        r = httpx.post(f"{d.url}/dashboard/models/load", data={"model": "x"}, timeout=10)
+        assert r.status_code in (401, 403)
+    finally:
+        d.stop()

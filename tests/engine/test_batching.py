@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from mlxd.engine.constraints import json_constraint
 from mlxd.engine.messages import Failed, Finished, SamplingParams
 from tests.support.engine import (
     consume,
@@ -234,6 +235,28 @@ def test_a_row_whose_logits_processor_raises_fails_alone(llama):
     assert len(bad.tokens) < 30
     assert after.ok
     assert snap.counters["requests"]["batch"]["failed"] == 1
+
+
+@pytest.mark.parametrize("lane", ["batch", "serial"])
+def test_a_grammar_failing_mid_generation_fails_its_row_with_the_schemas_400(llama, lane):
+    # 600 optional properties, past the width limit the HTTP side checks: at
+    # "{" llguidance's row holds 2,407 Earley items (its limit is 2,000).
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}
+    constraint = json_constraint(wide, strict=False, param="response_format")
+    with running_engine(llama, batch={"size": 4}, lanes={"constrained": lane}) as engine:
+        bad, ok = run_all(
+            engine,
+            [
+                token_request("bad", prompt(2), 30, constraint=constraint),
+                token_request("ok", prompt(3), 30),
+            ],
+        )
+        snap = settled(engine)
+    assert isinstance(bad.end, Failed), bad.end
+    assert (bad.end.status, bad.end.code) == (400, "schema_too_complex"), bad.end
+    assert "Structured output limits" in bad.end.message
+    assert ok.ok and len(ok.tokens) == 30
+    assert snap.counters["engine_errors"] == 0
 
 
 def test_a_failing_batched_step_fails_that_batch_and_the_engine_recovers(llama):

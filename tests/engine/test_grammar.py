@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -15,11 +16,18 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlxd.engine.chat.grammar import (
     ConstraintProcessor,
     GrammarError,
+    GrammarFailure,
     Grammars,
     apply_mask,
     make_ll_tokenizer,
 )
-from mlxd.engine.constraints import StructureError, json_constraint, tool_constraint
+from mlxd.engine.constraints import (
+    StructureError,
+    check_constraint,
+    json_constraint,
+    tool_constraint,
+    validate_constraint,
+)
 from tests.support.tinymodels import tiny_model_dir
 
 WIDTH = 544  # padded past the 514-token vocabulary, like real checkpoints
@@ -86,17 +94,30 @@ def test_compiled_grammars_are_cached_by_hash_with_lru_eviction(grammars):
     assert bits(m2.compute_bitmask())[m1_first]
 
 
-def test_strict_refuses_unenforceable_keywords_and_names_them():
+def checked(schema: Any, *, strict: bool, grammars: Grammars | None = None) -> None:
+    """A schema through every check before queueing: limits, then llguidance (either way)."""
+    c = json_constraint(schema, strict=strict, param="response_format")
+    check_constraint(c)
+    if grammars is None:
+        validate_constraint(c, "response_format")
+    else:
+        grammars.warm(c)
+
+
+def test_strict_refuses_unenforceable_keywords_and_names_them(grammars):
     for keyword, schema in (
         ("uniqueItems", {"type": "array", "uniqueItems": True}),
         ("not", {"not": {"type": "string"}}),
     ):
         with pytest.raises(StructureError, match=keyword) as err:
-            json_constraint(schema, strict=True, param="response_format")
+            checked(schema, strict=True)
         assert err.value.code == "invalid_schema"
-        json_constraint(schema, strict=False, param="response_format")  # ignored when lenient
+        with pytest.raises(GrammarError, match=keyword):
+            checked(schema, strict=True, grammars=grammars)
+        checked(schema, strict=False)  # ignored when lenient
+        checked(schema, strict=False, grammars=grammars)
     with pytest.raises(StructureError):
-        json_constraint({"type": "bogus"}, strict=False, param="response_format")
+        checked({"type": "bogus"}, strict=False)
 
 
 def test_tool_formats_without_a_grammar_are_refused_by_name():
@@ -145,3 +166,130 @@ def test_json_tools_grammar_makes_parseable_calls(tok):
     assert matcher.is_accepting()
     body = text.removeprefix("<tool_call>").removesuffix("</tool_call>")
     assert tok.tool_parser(body, None) == json.loads(body)
+
+
+# ---------------------------------------------------------------- limits and failures
+
+# Schemas at the structured-output limits (mlxd.engine.schema_limits), each the
+# worst of its shape: a subprocess compiles them for the tiny tokenizer on a
+# thread with a 2 MiB stack (a quarter of the 8 MiB threads get) and feeds the
+# first tokens of an answer. A crash is a non-zero exit, never a dead test run.
+AT_THE_LIMITS = r"""
+import json, sys, threading
+from pathlib import Path
+from llguidance import LLMatcher, LLTokenizer
+from mlxd.engine.constraints import check_constraint, json_constraint, parser_limits
+from mlxd.engine.schema_limits import LIMITS
+
+tok = LLTokenizer(Path(sys.argv[1], "tokenizer.json").read_text())
+
+def chain(n, link):
+    defs = {f"d{i}": link({"$ref": f"#/$defs/d{i + 1}"}) for i in range(n)}
+    defs[f"d{n}"] = {"type": "object"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+def optional(n):
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
+
+widest = (LIMITS.width - 7) // 4
+cases = {
+    "ref": chain(LIMITS.depth - 2, lambda r: r),
+    "properties": chain(
+        LIMITS.depth // 2 - 1, lambda r: {"type": "object", "properties": {"a": r}}
+    ),
+    "items": chain(LIMITS.depth // 2 - 1, lambda r: {"type": "array", "items": r}),
+    "anyOf": chain(LIMITS.depth // 2 - 1, lambda r: {"anyOf": [r, {"type": "null"}]}),
+    "width": optional(widest),
+    "branches": {"anyOf": [optional(widest // 10) for _ in range(9)]},
+}
+
+failed = []
+
+def run():
+    try:
+        each()
+    except BaseException as exc:
+        failed.append(repr(exc))
+
+def each():
+    for name, schema in cases.items():
+        c = json_constraint(schema, strict=False, param="p")
+        check_constraint(c)
+        m = LLMatcher(tok, c.grammar, log_level=0, limits=parser_limits())
+        for t in tok.tokenize_str('{"' if name != "items" else "[["):
+            m.compute_bitmask()
+            assert m.consume_token(t), (name, m.get_error())
+        assert not m.is_error(), (name, m.get_error())
+        print(name, "ok", flush=True)
+
+threading.stack_size(2 * 1024 * 1024)
+t = threading.Thread(target=run)
+t.start()
+t.join()
+sys.exit(f"failed: {failed[0]}" if failed else 0)
+"""
+
+
+def test_schemas_at_the_limits_compile_and_start_on_a_small_stack():
+    import subprocess
+    import sys
+
+    model = tiny_model_dir("llama", template="hermes_think")
+    done = subprocess.run(
+        [sys.executable, "-c", AT_THE_LIMITS, str(model)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    names = ("ref", "properties", "items", "anyOf", "width", "branches")
+    assert done.stdout.split() == [w for n in names for w in (n, "ok")], done.stdout
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}},
+        {"type": "object", "required": ["a"], "properties": {"a": False}},
+    ],
+)
+def test_a_grammar_that_accepts_nothing_is_refused_when_compiled(grammars, schema):
+    # What the limits would refuse first, straight to the compiler: never an empty answer.
+    with pytest.raises(GrammarError, match=r"accepts no output|[Uu]nsatisfiable"):
+        grammars.warm(json_constraint(schema, strict=False, param="p"))
+
+
+def test_llguidance_failing_mid_generation_fails_the_row_as_the_schemas_400(tok, grammars):
+    # 600 optional properties (past the width limit, compiled directly): after
+    # "{" llguidance's row holds 2,407 Earley items, over its 2,000.
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}
+    proc = ConstraintProcessor(grammars.matcher(json_constraint(schema, strict=False, param="p")))
+    prompt = mx.array([1, 2, 3])
+    logits = mx.zeros((1, WIDTH))
+    proc(prompt, logits)
+    brace = tok.encode("{", add_special_tokens=False)
+    with pytest.raises(GrammarFailure) as err:
+        proc(mx.concatenate([prompt, mx.array(brace)]), logits)
+        proc(mx.concatenate([prompt, mx.array(brace + brace)]), logits)
+    assert err.value.code == "schema_too_complex" and err.value.status == 400
+    assert "Structured output limits" in str(err.value)
+
+
+def test_hermes_tool_parameters_are_the_root_of_their_own_refs(tok, grammars):
+    # Nested in the call object, "#/$defs/city" once pointed at the call object.
+    params = {
+        "type": "object",
+        "properties": {"where": {"$ref": "#/$defs/city"}},
+        "required": ["where"],
+        "$defs": {"city": {"enum": ["Oslo", "Rome"]}},
+    }
+    tools = [
+        {"name": "weather", "parameters": params, "strict": False},
+        {"name": "other", "parameters": {"type": "object", "properties": {}}, "strict": False},
+    ]
+    c = tool_constraint(tools, tool_format="json_tools", parallel=False, param="tool_choice")
+    matcher = grammars.matcher(c)
+    text = '<tool_call>\n{"name":"weather","arguments":{"where":"Rome"}}\n</tool_call>'
+    assert matcher.consume_tokens(tok.encode(text, add_special_tokens=False))
+    assert matcher.is_accepting()

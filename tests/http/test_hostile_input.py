@@ -328,6 +328,100 @@ def test_slowloris_dribble_is_cut_off(daemon):
     assert closed and time.monotonic() - started < 3
 
 
+def _answer_and_close(sock: socket.socket, within: float) -> tuple[bytes, bool]:
+    """What the server sends, and whether it closed the connection within ``within`` s."""
+    sock.settimeout(within)
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks), True
+    except TimeoutError:
+        return b"".join(chunks), False
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/dashboard/models/load", "application/x-www-form-urlencoded"),
+        ("/dashboard/models/pin", "application/x-www-form-urlencoded"),
+        ("/dashboard/config/validate", "application/x-www-form-urlencoded"),
+        ("/dashboard/config/apply", "application/x-www-form-urlencoded"),
+        ("/dashboard/login", "application/x-www-form-urlencoded"),
+        ("/admin/reload", "application/json"),
+        ("/v1/embeddings", "application/json"),
+    ],
+)
+def test_every_body_that_stops_arriving_gets_408_and_the_connection_closes(
+    http, daemon, model, path, kind
+):
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
+        f"Content-Type: {kind}\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+    started = time.monotonic()
+    sock = _raw(daemon, head + b"model=a&on=tr")
+    assert_serving(http, model)  # others are served meanwhile
+    answer, closed = _answer_and_close(sock, 10)
+    elapsed = time.monotonic() - started
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request_timeout" in answer and b"connection: close" in answer.lower()
+    assert closed and elapsed < 5, elapsed
+
+
+def test_many_stalled_bodies_are_all_cut_off_while_health_answers(http, daemon, model):
+    head = (
+        f"POST /dashboard/config/apply HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nraw="
+    ).encode()
+    socks = [_raw(daemon, head) for _ in range(48)]
+    try:
+        assert http.get("/health").status_code == 200
+        assert_serving(http, model)
+        answers = [_answer_and_close(sock, 10) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+    assert all(a.startswith(b"HTTP/1.1 408") and closed for a, closed in answers)
+
+
+def test_a_body_over_the_limit_that_is_still_being_sent_gets_its_413(daemon):
+    # mlxd answers from the declared length without reading the body; the
+    # client goes on sending it. Closing with unread bytes would reset the
+    # connection and the client would lose the answer: mlxd reads and drops them.
+    size = 4 * 2**20 + 1
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+    ).encode()
+    sock = _raw(daemon, head)
+    time.sleep(0.3)  # the 413 is on its way before the body
+    sent = 0
+    try:
+        while sent < size:
+            sent += sock.send(b"x" * min(65536, size - sent))
+    except OSError as exc:  # the connection was reset under the client
+        pytest.fail(f"sending the body failed after {sent} bytes: {exc!r}")
+    answer, closed = _answer_and_close(sock, 10)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"request_too_large" in answer and closed
+
+
+def test_a_chunked_body_over_the_limit_gets_413_and_the_connection_closes(daemon):
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    chunk = b"x" * 65536
+    sock = _raw(daemon, head + b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(65)))
+    answer, closed = _answer_and_close(sock, 10)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"connection: close" in answer.lower() and closed
+
+
 # ---------------------------------------------------------------- the queue bound
 
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
+from mlxd.api.grammar import prepare
 from mlxd.api.http.errors import OpenAIError
 from mlxd.config import LimitSettings, SamplingSettings, Settings
 from mlxd.engine import ChatPrompt, Finished, FinishReason, GenerationRequest, ModelInfo, Usage
@@ -64,9 +65,17 @@ def chat_prompt(gen: GenerationRequest) -> ChatPrompt:
 
 
 def refused(build: Callable[..., Any], *args: Any, **kw: Any) -> OpenAIError:
-    """The 400 (or other) ``build(*args, **kw)`` raises."""
+    """The 400 (or other) the request ``build(*args, **kw)`` makes gets before it is queued.
+
+    That is the translation's refusal, or else its grammar's: the schema
+    checks and llguidance's validation the route runs off the event loop
+    (:func:`mlxd.api.grammar.prepare`, here without a model's tokenizer).
+    """
     with pytest.raises(OpenAIError) as err:
-        build(*args, **kw)
+        built = build(*args, **kw)
+        constraint = getattr(getattr(built, "gen", built), "constraint", None)
+        if constraint is not None:
+            prepare(None, constraint, param="(the grammar)")
     return err.value
 
 

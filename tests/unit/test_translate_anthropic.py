@@ -185,8 +185,47 @@ def test_count_tokens_builds_the_same_prompt():
     assert (err.code, err.param) == ("invalid_value", "messages")
 
 
+CALL = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}
+
 BAD = [
     ({"max_tokens": 0}, "invalid_value", "max_tokens"),
+    # A content list holds blocks, never bare strings (as Anthropic).
+    (
+        {"messages": [{"role": "user", "content": ["hi"]}]},
+        "invalid_value",
+        "messages[0].content[0]",
+    ),
+    ({"system": ["be brief"]}, "invalid_type", "system[0]"),
+    # A tool_result answers a tool_use of the assistant message just before it.
+    ({"messages": [{"role": "user", "content": [RESULT]}]}, "invalid_value", "messages[0].content"),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [{**CALL, "id": "toolu_2"}]},
+                {"role": "user", "content": [RESULT]},
+            ]
+        },
+        "invalid_value",
+        "messages[2].content",
+    ),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [CALL]},
+                {"role": "user", "content": [RESULT]},
+                {"role": "assistant", "content": "done"},
+                {"role": "user", "content": [RESULT]},  # answered already, two turns ago
+            ]
+        },
+        "invalid_value",
+        "messages[4].content",
+    ),
+    ({"metadata": {"user_id": "u" * 257}}, "invalid_value", "metadata.user_id"),
+    ({"metadata": {"user_id": 3}}, "invalid_value", "metadata.user_id"),
+    ({"metadata": {"tenant": "t"}}, "invalid_value", "metadata.tenant"),
     ({"max_tokens": 257}, "invalid_value", "max_tokens"),
     ({"temperature": 1.5}, "invalid_value", "temperature"),
     ({"temperature": 2.5}, "invalid_value", "temperature"),

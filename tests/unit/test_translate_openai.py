@@ -193,6 +193,17 @@ def test_accepted_and_ignored_fields_change_nothing():
 
 BAD_CHAT = [
     ({"n": 2}, "unsupported_parameter", "n"),
+    # stream_options only with stream: true (as OpenAI).
+    ({"stream_options": {"include_usage": True}}, "invalid_value", "stream_options"),
+    (
+        {"stream": False, "stream_options": {"include_usage": True}},
+        "invalid_value",
+        "stream_options",
+    ),
+    # metadata to OpenAI's bounds: 16 pairs, 64-character keys, 512-character values.
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "invalid_value", "metadata"),
+    ({"metadata": {"k" * 65: "v"}}, "invalid_value", "metadata"),
+    ({"metadata": {"k": "v" * 513}}, "invalid_value", "metadata.k"),
     ({"max_tokens": 0}, "invalid_value", "max_tokens"),
     ({"max_tokens": 257}, "invalid_value", "max_tokens"),
     ({"max_completion_tokens": 0, "max_tokens": 5}, "invalid_value", "max_tokens"),
@@ -315,6 +326,16 @@ def test_a_bad_fault_is_refused_even_when_faults_are_on():
 def test_decode_errors(raw, code, param):
     err = refused(decode, raw, ChatRequest)
     assert (err.status, err.code, err.param) == (400, code, param), err.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "what"),
+    [(b"null", "null"), (b"[1]", "an array"), (b"3", "a number"), (b'"x"', "a string")],
+)
+def test_a_body_that_is_not_an_object_says_so(raw, what):
+    err = refused(decode, raw, ChatRequest)
+    assert err.message == f"The request body must be a JSON object, not {what}.", err.message
+    assert "nests" not in err.message
 
 
 def test_unknown_parameters_can_be_dropped_and_named():

@@ -229,6 +229,7 @@ def test_faults_and_ignored_fields():
         truncation="disabled",
         top_logprobs=0,
         background=False,
+        stream=True,
         stream_options={"include_obfuscation": False},
     )
     assert c.gen.prompt == call().gen.prompt
@@ -326,6 +327,16 @@ BAD = [
     ({"truncation": "auto"}, "unsupported_parameter", "truncation"),
     ({"mlxd_fault": "bad_logits"}, "unknown_parameter", "mlxd_fault"),
     ({"seed": 1}, "unknown_parameter", "seed"),
+    # A text part whose text is not a string says so (not "use 'input_text'").
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": 123}]}]},
+        "invalid_value",
+        "input[0].content[0].text",
+    ),
+    ({"stream_options": {"include_obfuscation": False}}, "invalid_value", "stream_options"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "invalid_value", "metadata"),
+    ({"metadata": {"k" * 65: "v"}}, "invalid_value", "metadata"),
+    ({"metadata": {"k": "v" * 513}}, "invalid_value", "metadata.k"),
 ]
 
 

@@ -16,7 +16,13 @@ import msgspec
 
 from mlxd.api import params
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.openai.tools import ToolPlan, history_message, plan_tools, response_constraint
+from mlxd.api.openai.tools import (
+    ToolPlan,
+    history_message,
+    plan_tools,
+    renamed,
+    response_constraint,
+)
 from mlxd.api.params import bad, relabel, unsupported
 from mlxd.config import Settings
 from mlxd.engine import ChatPrompt, Constraint, GenerationRequest, ModelInfo
@@ -67,7 +73,11 @@ class MessagesCall:
 def _text(block: Any, where: str) -> str | None:
     """A text block's text; None for blocks that carry nothing the model reads again."""
     if isinstance(block, str):
-        return block
+        raise bad(
+            where,
+            "A content block must be an object such as {'type': 'text', 'text': ...}, "
+            "not a bare string (a whole 'content' may be one string).",
+        )
     if not isinstance(block, dict):
         raise bad(where, f"A content block must be an object, got {type(block).__name__}.")
     kind = block.get("type")
@@ -148,6 +158,7 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
     if not body.messages:
         raise bad("messages", "'messages' must contain at least one message.")
     out = list(_system(body.system))
+    calls: set[str] = set()  # the tool_use ids of the previous assistant message
     for i, m in enumerate(body.messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -160,7 +171,10 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
             raise bad(where, f"Extra inputs are not permitted: {', '.join(sorted(extra))}.")
         if "content" not in m:
             raise bad(f"{where}.content", f"{where} has no content.")
-        for msg in _turn(role, m["content"], f"{where}.content"):
+        turn = _turn(role, m["content"], f"{where}.content")
+        _check_results(turn, calls, where)
+        calls = {c["id"] for msg in turn for c in msg.get("tool_calls") or ()}
+        for msg in turn:
             if msg["role"] == "tool" or msg.get("tool_calls"):
                 try:
                     msg = history_message(msg, i, msg.get("content"))
@@ -173,6 +187,21 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
             "a final assistant message (prefill) is not continued by mlxd; end with a user turn.",
         )
     return tuple(out)
+
+
+def _check_results(turn: list[dict], calls: set[str], where: str) -> None:
+    """Each tool_result answers a tool_use of the assistant message just before (as Anthropic)."""
+    for msg in turn:
+        if msg["role"] != "tool":
+            continue
+        call_id = msg["tool_call_id"]
+        if call_id not in calls:
+            known = ", ".join(sorted(calls)) or "none"
+            raise bad(
+                f"{where}.content",
+                f"{where}: the tool_result for tool_use_id {call_id[:100]!r} has no matching "
+                f"tool_use block in the previous assistant message (its tool_use ids: {known}).",
+            )
 
 
 # Anthropic tool types that run on Anthropic's side, or that a client
@@ -234,7 +263,10 @@ def _format(body: _MessagesBody) -> Constraint | None:
         )
     spec = {"name": "output", "schema": fmt.get("schema"), "strict": True}
     try:
-        return response_constraint({"type": "json_schema", "json_schema": spec})
+        constraint = response_constraint({"type": "json_schema", "json_schema": spec})
+        return renamed(
+            constraint, "response_format.json_schema.schema", "output_config.format.schema"
+        )
     except OpenAIError as exc:
         exc = relabel(exc, "response_format.json_schema.schema", "output_config.format.schema")
         raise relabel(exc, "response_format", "output_config.format") from None
@@ -276,6 +308,27 @@ def count_tokens_request(
     )
 
 
+MAX_USER_ID = 256
+
+
+def _metadata(metadata: dict[str, Any] | None) -> None:
+    """Anthropic's ``metadata``: only ``user_id``, a string of at most 256 characters."""
+    if metadata is None:
+        return
+    extra = sorted(set(metadata) - {"user_id"})
+    if extra:
+        raise bad(
+            f"metadata.{extra[0][:64]}",
+            f"metadata.{extra[0][:64]}: Extra inputs are not permitted (metadata takes 'user_id').",
+        )
+    user = metadata.get("user_id")
+    if user is not None and (not isinstance(user, str) or len(user) > MAX_USER_ID):
+        raise bad(
+            "metadata.user_id",
+            f"metadata.user_id must be a string of at most {MAX_USER_ID} characters.",
+        )
+
+
 def messages_request(
     req: MessagesRequest, settings: Settings, *, faults: bool = False, info: ModelInfo | None = None
 ) -> MessagesCall:
@@ -287,6 +340,7 @@ def messages_request(
     refusal = bad("mlxd_fault", "Extra inputs are not permitted: mlxd_fault.")
     fault = params.fault(req.mlxd_fault, allowed=faults, refusal=refusal)
     params.max_tokens("max_tokens", req.max_tokens, settings)
+    _metadata(req.metadata)
     sampled = params.sampling(
         settings, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k
     )

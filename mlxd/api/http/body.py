@@ -1,9 +1,12 @@
 """Reading request bodies under the live ``[limits]``: size and time.
 
-A body larger than ``max_body_bytes`` is refused with 413 as soon as that is
-known; a body that has not arrived in full within ``body_timeout`` seconds
-(a client that stalls, or declares more bytes than it sends) gets 408 and
-its connection is closed, so it cannot hold a handler forever.
+A body larger than ``max_body_bytes`` (or a route's own, smaller limit) is
+refused with 413 as soon as that is known; a body that has not arrived in
+full within ``body_timeout`` seconds (a client that stalls, or declares more
+bytes than it sends) gets 408. Both close the connection. The request guard
+(:mod:`mlxd.api.http.guard`) has already read every body under the same
+limits before routing, so here the body is usually there at once; a route
+keeps this call for its own smaller limit.
 """
 
 from __future__ import annotations
@@ -62,4 +65,6 @@ def _too_large(size: int, limit: int) -> OpenAIError:
         f"The request body is {size} bytes or more; this server accepts at most {limit} "
         "bytes (limits.max_body_bytes).",
         code="request_too_large",
+        # The rest of the body may still be on its way: this connection is done.
+        headers={"Connection": "close"},
     )

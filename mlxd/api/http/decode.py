@@ -63,22 +63,27 @@ def decode(body: bytes, kind: type[T], *, ignored: list[str] | None = None) -> T
     With ``ignored`` (a list to fill), unknown top-level parameters are dropped
     and their names appended to it instead of being refused.
     """
+    deep = OpenAIError(
+        400,
+        f"The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.",
+        code="invalid_json",
+    )
     try:
         raw = msgspec.json.decode(body)
     except RecursionError:
-        raw = None  # deeper than the interpreter allows: certainly too deep
+        raise deep from None  # deeper than the interpreter allows: certainly too deep
     except msgspec.DecodeError as exc:
         raise OpenAIError(
             400, f"The request body is not valid JSON: {exc}", code="invalid_json"
         ) from None
-    if raw is None or (isinstance(raw, dict) and too_deep(raw)):
+    if not isinstance(raw, dict):
         raise OpenAIError(
             400,
-            f"The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.",
+            f"The request body must be a JSON object, not {_json_kind(raw)}.",
             code="invalid_json",
         )
-    if not isinstance(raw, dict):
-        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if too_deep(raw):
+        raise deep
     if ignored is not None:
         ignored.extend(drop_unknown(raw, kind))
     try:
@@ -87,6 +92,16 @@ def decode(body: bytes, kind: type[T], *, ignored: list[str] | None = None) -> T
         raise OpenAIError(400, "The request body nests too deeply.", code="invalid_json") from None
     except msgspec.ValidationError as exc:
         raise _invalid(str(exc)) from None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "a string" if isinstance(value, str) else "an array"
 
 
 def _invalid(text: str) -> OpenAIError:

@@ -16,6 +16,7 @@ the same longest-prefix rule routing itself follows.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,18 @@ _TYPES = {
 }
 
 
+# Refusals whose message may quote the server's files (a model that failed to
+# load says where it looked): clients read them without paths; /stats, the
+# dashboard and the log keep them for the operator.
+PATH_HIDDEN = frozenset({"model_load_failed", "model_not_loaded"})
+_PATH = re.compile(r"(?<![\w.:/~-])~?/[^\s'\"`:,;()\[\]{}<>/]+(?:/[^\s'\"`:,;()\[\]{}<>/]*)+")
+
+
+def without_paths(text: str) -> str:
+    """``text`` with absolute (and ``~``) file system paths of two or more parts as ``<path>``."""
+    return _PATH.sub("<path>", text)
+
+
 class OpenAIError(Exception):
     """A refusal with its HTTP status; answered in the envelope of the route's API."""
 
@@ -67,10 +80,12 @@ class OpenAIError(Exception):
 
     @classmethod
     def from_failed(cls, failed: Failed) -> OpenAIError:
+        """The engine's or the fleet's refusal, as a client reads it (no server paths)."""
         headers = {"Retry-After": str(failed.retry_after)} if failed.retry_after else None
-        return cls(
-            failed.status, failed.message, code=failed.code, param=failed.param, headers=headers
-        )
+        message = failed.message
+        if failed.code in PATH_HIDDEN:
+            message = without_paths(message)
+        return cls(failed.status, message, code=failed.code, param=failed.param, headers=headers)
 
     def body(self) -> dict[str, Any]:
         """The error in OpenAI's envelope (what an OpenAI stream's error event carries)."""

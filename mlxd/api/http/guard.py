@@ -1,4 +1,4 @@
-"""Checks that run on every HTTP request before routing.
+"""Checks that run on every HTTP request before routing (and so before authentication).
 
 :class:`RequestGuard` wraps the whole ASGI app (so unknown routes are covered
 too) and refuses:
@@ -11,13 +11,21 @@ too) and refuses:
   send ``text/plain``, form and multipart bodies (and bodies with no type)
   cross-site without a CORS preflight, and a JSON API has no use for them;
 - a body that declares more than ``[limits] max_body_bytes`` with 413, on
-  every route; outside ``/v1`` (the dashboard's forms, which Litestar parses
-  itself) a body must declare its length (411 otherwise). ``/v1`` reads
-  bodies of unknown length under the same limit (:mod:`mlxd.api.http.body`).
+  every route; outside ``/v1`` (the dashboard's forms) a body must declare
+  its length (411 otherwise).
+
+Then it reads every request's body itself, whatever the route, under the
+same limits: more than ``max_body_bytes`` is a 413 as soon as it is known,
+and a body that has not arrived in full within ``[limits] body_timeout``
+seconds is a 408. Only then does the app see the request, with the body
+replayed: no handler, form parser or middleware (Litestar's CSRF check reads
+forms) can wait on a client that stops sending, authenticated or not.
 
 These answers come before routing, so no router's error handlers apply: each
 is written in the envelope :class:`~mlxd.api.http.errors.Envelopes` picks for
-the request's path (the API the request was meant for).
+the request's path (the API the request was meant for), and each closes the
+connection (``Connection: close``; the unread rest of a body is drained by
+:mod:`mlxd.api.http.protocol` so the client reads the answer).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from typing import Any
 
 from mlxd.api.http.access import host_allowed
 from mlxd.api.http.errors import Envelopes
-from mlxd.config import LimitSettings, Settings
+from mlxd.config import Settings
 from mlxd.logs import safe
 
 logger = logging.getLogger(__name__)
@@ -79,7 +87,6 @@ class RequestGuard:
         settings = self._settings()
         if host is not None and not host_allowed(host, settings):
             logger.warning("refused a request for Host %s on %s", safe(host), safe(path))
-            await _drain(scope, receive, settings.limits)
             await self._answer(
                 send,
                 path,
@@ -89,13 +96,20 @@ class RequestGuard:
                 "host_not_allowed",
             )
             return
+        limits = settings.limits
+        refusal = None
         if scope.get("method") in _BODY_METHODS:
-            refusal = _body_refusal(scope, path, settings.limits.max_body_bytes)
-            if refusal is not None:
-                if refusal[0] != 413:
-                    await _drain(scope, receive, settings.limits)
-                await self._answer(send, path, *refusal)
-                return
+            refusal = _body_refusal(scope, path, limits.max_body_bytes)
+        if refusal is None and _has_body(scope):
+            body, refusal = await _read(receive, limits.max_body_bytes, limits.body_timeout)
+            if body is None and refusal is None:
+                return  # the client went away
+            if body is not None:
+                receive = _replay(body, receive)
+        if refusal is not None:
+            logger.info("refused a request on %s: %d %s", safe(path), refusal[0], refusal[2])
+            await self._answer(send, path, *refusal)
+            return
         await self.app(scope, receive, send)
 
     async def _answer(self, send: Any, path: str, status: int, message: str, code: str) -> None:
@@ -138,31 +152,56 @@ def _body_refusal(scope: dict[str, Any], path: str, limit: int) -> tuple[int, st
     return None
 
 
-async def _drain(scope: dict[str, Any], receive: Any, limits: LimitSettings) -> None:
-    """Read (and drop) a small body before answering early.
-
-    Closing a connection with unread request bytes makes the kernel reset it,
-    and the client then sees a broken connection instead of the answer.
-    Only bodies under ``max_body_bytes`` are drained, for at most
-    ``body_timeout`` seconds.
-    """
+def _has_body(scope: dict[str, Any]) -> bool:
     declared = _header(scope, b"content-length")
-    if declared is None or not declared.strip().isdigit():
-        return
-    left = int(declared)
-    if not 0 < left <= limits.max_body_bytes:
-        return
-    deadline = asyncio.get_running_loop().time() + limits.body_timeout
-    while left > 0:
-        remaining = deadline - asyncio.get_running_loop().time()
-        if remaining <= 0:
-            return
+    if declared is not None:
+        return declared.strip() != "0"
+    return _header(scope, b"transfer-encoding") is not None
+
+
+async def _read(
+    receive: Any, limit: int, timeout: float
+) -> tuple[bytes | None, tuple[int, str, str] | None]:
+    """The whole body, or why not (413, 408); ``(None, None)`` when the client left."""
+    chunks: list[bytes] = []
+    size = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
         try:
-            message = await asyncio.wait_for(receive(), remaining)
-        except asyncio.TimeoutError:
-            return
+            message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+        except TimeoutError:
+            return None, (
+                408,
+                f"The request body did not arrive within {timeout:g} s "
+                f"({size} bytes received; limits.body_timeout).",
+                "request_timeout",
+            )
         if message["type"] != "http.request":
-            return
-        left -= len(message.get("body", b""))
+            return None, None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None, (
+                413,
+                f"The request body is {size} bytes or more; this server accepts at most "
+                f"{limit} bytes (limits.max_body_bytes).",
+                "request_too_large",
+            )
+        chunks.append(chunk)
         if not message.get("more_body", False):
-            return
+            return b"".join(chunks), None
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """``receive`` for the app: the body read, in one message, then the connection's own."""
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -12,15 +12,23 @@ from pydantic import SecretStr
 from mlxd.api.http.errors import OpenAIError
 
 
-def key_accepted(headers: Mapping[str, str], keys: Sequence[SecretStr]) -> bool:
-    """Whether ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` names one of ``keys``."""
+def presented_key(headers: Mapping[str, str], keys: Sequence[SecretStr]) -> str | None:
+    """The one of ``keys`` that ``Authorization: Bearer <key>`` or ``x-api-key: <key>``
+    names, or None."""
     scheme, _, token = headers.get("authorization", "").partition(" ")
     given = [token.strip()] if scheme.lower() == "bearer" else []
     given.append(headers.get("x-api-key", "").strip())
     for candidate in (g.encode() for g in given if g):
-        if any(hmac.compare_digest(candidate, k.get_secret_value().encode()) for k in keys):
-            return True
-    return False
+        for key in keys:
+            secret = key.get_secret_value()
+            if hmac.compare_digest(candidate, secret.encode()):
+                return secret
+    return None
+
+
+def key_accepted(headers: Mapping[str, str], keys: Sequence[SecretStr]) -> bool:
+    """Whether ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` names one of ``keys``."""
+    return presented_key(headers, keys) is not None
 
 
 def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:

@@ -24,7 +24,7 @@ from mlxd.api.generate import (
 )
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode_parameters
-from mlxd.api.http.errors import OpenAIError
+from mlxd.api.http.errors import OpenAIError, without_paths
 from mlxd.api.http.requestlog import note_of
 from mlxd.api.openai.render import Kind, Renderer, sse_error
 from mlxd.api.openai.schema import (
@@ -163,7 +163,7 @@ def model_json(model: ModelState) -> dict[str, Any]:
         "kv_bytes": model.kv_bytes,
     }
     if model.error:
-        out["error"] = model.error
+        out["error"] = without_paths(model.error)  # clients; /stats keeps the path
     if model.kind == "chat" and caps:
         out["context_length"] = caps.get("context_length")
         out["vocab_size"] = caps.get("vocab_size")

@@ -155,6 +155,8 @@ def _common(
     """What chat and legacy completions share: sampling, penalties, stops, a fault."""
     if req.n not in (None, 1):
         raise unsupported("n", "only n=1 is implemented; send several requests instead.")
+    params.stream_options(req.stream_options is not None, req.stream)
+    params.metadata(req.metadata)
     max_tokens = params.max_tokens("max_tokens", max_tokens, settings)
     sampled = params.sampling(
         settings,

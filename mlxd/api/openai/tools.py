@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxd.api.http.errors import OpenAIError
@@ -151,7 +151,11 @@ def tool_plan(
     )
     constraint = None
     if mode == "required" or mode.startswith("fn:"):
-        chosen = defs if mode == "required" else [d for d in defs if d["name"] == mode[3:]]
+        chosen = [
+            {**d, "param": f"tools[{i}].function.parameters"}
+            for i, d in enumerate(defs)
+            if mode == "required" or d["name"] == mode[3:]
+        ]
         allow_many = parallel is not False and mode == "required"
         try:
             constraint = tool_constraint(
@@ -173,12 +177,28 @@ def plan_tools(
     (``tools[3].name``, not ``tools[1].function.name``, when skipped tools came first)."""
     chat = None if tools is None else [t for _, t in tools]
     try:
-        return tool_plan(chat, choice, parallel, info)
+        plan = tool_plan(chat, choice, parallel, info)
     except OpenAIError as exc:
         for k, (i, _) in sorted(enumerate(tools or []), reverse=True):
             exc = relabel(exc, f"tools[{k}].function", f"tools[{i}]")
             exc = relabel(exc, f"tools[{k}]", f"tools[{i}]")
         raise exc from None
+    constraint = plan.constraint
+    for k, (i, _) in sorted(enumerate(tools or []), reverse=True):
+        constraint = renamed(constraint, f"tools[{k}].function", f"tools[{i}]")
+    return replace(plan, constraint=constraint)
+
+
+def renamed(constraint: Constraint | None, old: str, new: str) -> Constraint | None:
+    """``constraint`` with its schemas' parameter names as this API names them
+    (their limits are checked later, off the event loop; see :func:`relabel`)."""
+    if constraint is None:
+        return None
+    schemas = tuple(
+        (param.replace(old, new, 1) if param.startswith(old) else param, schema)
+        for param, schema in constraint.schemas
+    )
+    return replace(constraint, schemas=schemas)
 
 
 def response_constraint(fmt: Any) -> Constraint | None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from litestar import Controller, Response, get
 
+from mlxd.api.http.errors import without_paths
 from mlxd.api.state import Mlxd
 
 
@@ -51,4 +52,7 @@ class HealthController(Controller):
             return Response(
                 {"status": "ready", "model": default, "models": models}, status_code=200
             )
-        return Response({"status": "not_ready", "reason": reason}, status_code=503)
+        # Supervisors and load balancers read this unauthenticated: no server paths
+        # (the full reason is in /stats and the log).
+        body = {"status": "not_ready", "reason": without_paths(reason)}
+        return Response(body, status_code=503)

@@ -62,4 +62,17 @@ class StatsController(Controller):
         body = daemon_stats(mlxd, time.time())
         # Every configured model, and the memory budget they share (docs/api.md).
         body["fleet"] = mlxd.fleet.status().as_dict()
+        body["responses"] = responses_stats(mlxd)
         return Response(body, headers=NO_STORE)
+
+
+def responses_stats(state: AppState) -> dict[str, int]:
+    """The Responses store: what it holds and its bounds (docs/api.md, ``responses``)."""
+    store, limits = state.responses, state.settings.responses
+    store.expire()
+    return {
+        "stored": len(store),
+        "bytes": store.bytes,
+        "max_stored": limits.max_stored,
+        "max_bytes": limits.max_bytes,
+    }

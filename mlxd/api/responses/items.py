@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.openai.tools import history_message, response_constraint
+from mlxd.api.openai.tools import history_message, renamed, response_constraint
 from mlxd.api.params import bad, relabel, unsupported
 from mlxd.engine import Constraint
 
@@ -56,9 +56,13 @@ def _part_text(part: Any, where: str) -> str:
     if not isinstance(part, dict):
         raise bad(where, f"A content part must be an object, got {type(part).__name__}.")
     kind = part.get("type")
-    if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+    if kind in ("input_text", "output_text", "text"):
+        if not isinstance(part.get("text"), str):
+            raise bad(f"{where}.text", f"An {kind!r} part's 'text' must be a string.")
         return part["text"]
-    if kind == "refusal" and isinstance(part.get("refusal"), str):
+    if kind == "refusal":
+        if not isinstance(part.get("refusal"), str):
+            raise bad(f"{where}.refusal", "A 'refusal' part's 'refusal' must be a string.")
         return part["refusal"]
     if kind in ("input_image", "input_file", "input_audio"):
         raise unsupported(where, f"mlxd serves a text model; {kind!r} parts are not accepted.")
@@ -195,7 +199,7 @@ def text_constraint(text: dict[str, Any] | None) -> Constraint | None:
         spec = {k: fmt[k] for k in ("name", "schema", "strict") if fmt.get(k) is not None}
         fmt = {"type": "json_schema", "json_schema": spec}
     try:
-        return response_constraint(fmt)
+        return renamed(response_constraint(fmt), "response_format.json_schema", "text.format")
     except OpenAIError as exc:
         exc = relabel(exc, "response_format.json_schema", "text.format")
         raise relabel(exc, "response_format", "text.format") from None

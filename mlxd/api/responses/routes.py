@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
@@ -25,8 +25,10 @@ from mlxd.api.generate import (
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.http.keys import presented_key
 from mlxd.api.responses.render import ResponsesOutput
 from mlxd.api.responses.schema import ResponsesRequest, responses_request
+from mlxd.api.responses.store import owner_of
 from mlxd.api.state import AppState, Mlxd
 from mlxd.engine import Accepted
 
@@ -34,12 +36,18 @@ from mlxd.engine import Accepted
 def _not_found(rid: str, *, status: int, param: str | None = None) -> OpenAIError:
     return OpenAIError(
         status,
-        f"No stored response with id '{rid}': it was never stored (store=false), "
-        "expired ([responses] ttl), was evicted ([responses] max_stored) or the server "
-        "restarted.",
+        f"No stored response with id '{rid}' for this API key: it was never stored "
+        "(store=false), belongs to another key, expired ([responses] ttl), was evicted "
+        "([responses] max_stored, max_bytes) or the server restarted.",
         code="previous_response_not_found" if param else "response_not_found",
         param=param,
     )
+
+
+def _owner(request: Request, state: AppState) -> str | None:
+    """Who a stored response belongs to: the request's API key (hashed), None without keys."""
+    keys = state.settings.server.api_keys
+    return owner_of(presented_key(request.headers, keys)) if keys else None
 
 
 class ResponsesController(Controller):
@@ -52,15 +60,19 @@ class ResponsesController(Controller):
         return await _create(request, mlxd)
 
     @get("/{response_id:str}")
-    async def retrieve(self, mlxd: Mlxd, response_id: FromPath[str]) -> dict[str, Any]:
-        stored = mlxd.responses.get(response_id, ttl=mlxd.settings.responses.ttl)
+    async def retrieve(
+        self, request: Request, mlxd: Mlxd, response_id: FromPath[str]
+    ) -> Response[bytes]:
+        stored = mlxd.responses.get(response_id, owner=_owner(request, mlxd))
         if stored is None:
             raise _not_found(response_id, status=404)
-        return stored.body
+        return Response(stored.body, media_type=MediaType.JSON)
 
     @delete("/{response_id:str}", status_code=200)
-    async def remove(self, mlxd: Mlxd, response_id: FromPath[str]) -> dict[str, Any]:
-        if not mlxd.responses.delete(response_id, ttl=mlxd.settings.responses.ttl):
+    async def remove(
+        self, request: Request, mlxd: Mlxd, response_id: FromPath[str]
+    ) -> dict[str, Any]:
+        if not mlxd.responses.delete(response_id, owner=_owner(request, mlxd)):
             raise _not_found(response_id, status=404)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
@@ -70,12 +82,13 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
     settings = state.settings
     body = await read_body(request, settings.limits.max_body_bytes)
     req = decode(body, ResponsesRequest)
+    owner = _owner(request, state)
     previous: tuple[dict, ...] = ()
     if req.previous_response_id is not None:
-        stored = state.responses.get(req.previous_response_id, ttl=settings.responses.ttl)
+        stored = state.responses.get(req.previous_response_id, owner=owner)
         if stored is None:
             raise _not_found(req.previous_response_id, status=400, param="previous_response_id")
-        previous = stored.messages
+        previous = stored.messages()
     lease = await acquire(state, req.model)
     with released_on_error(lease):
         call = responses_request(
@@ -87,11 +100,7 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
 
     def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
         if call.store and call.generate:  # a warm-up has no turn to continue
-            conf = state.settings.responses
-            messages = (*call.history, turn)
-            state.responses.put(
-                call.gen.id, response, messages, max_stored=conf.max_stored, ttl=conf.ttl
-            )
+            state.responses.put(call.gen.id, response, (*call.history, turn), owner=owner)
 
     def make_output(accepted: Accepted) -> Output:
         return ResponsesOutput(

@@ -124,6 +124,8 @@ def responses_request(
     )
     fault = params.fault(req.mlxd_fault, allowed=faults, refusal=refusal)
     params.max_tokens("max_output_tokens", req.max_output_tokens, settings)
+    params.metadata(req.metadata)
+    params.stream_options(req.stream_options is not None, req.stream)
     sampled = params.sampling(settings, temperature=req.temperature, top_p=req.top_p)
     new = input_messages(req.input)
     if not new:

@@ -24,6 +24,7 @@ from mlxd.engine.channel import Channel
 from mlxd.engine.chat import checkpoints
 from mlxd.engine.chat.batch import BatchLane
 from mlxd.engine.chat.counters import Counters, Peaks, Throughput
+from mlxd.engine.chat.grammar import GrammarFailure
 from mlxd.engine.chat.hooks import ClusterHooks
 from mlxd.engine.chat.kv_budget import KvBudget
 from mlxd.engine.chat.kv_caches import compact
@@ -306,7 +307,9 @@ class EngineCore(KvBudget):
     def fail(
         self, row: Row, message: str, *, code: ErrorCode = "generation_error", status: int = 500
     ) -> None:
-        """End ``row`` with an error."""
+        """End ``row`` with an error; a grammar that failed it answers for itself (a 400)."""
+        if isinstance(row.error, GrammarFailure):
+            code, status, message = row.error.code, row.error.status, str(row.error)
         self.counters.outcome(row.lane, "failed")
         row.fail(Failed(code, message, status))
 

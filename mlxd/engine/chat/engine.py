@@ -153,20 +153,18 @@ class Engine:
         """
         return self._thread.send(CountTokens(request))
 
-    async def warm_grammar(self, constraint: Constraint) -> tuple[float, bool] | str | None:
-        """Compile ``constraint`` for the loaded model in a worker thread, so the
-        engine thread finds it cached.
+    def compile_grammar(self, constraint: Constraint) -> tuple[float, bool] | None:
+        """Compile ``constraint`` for the loaded model, so the engine thread finds it cached.
 
-        Returns ``(seconds, was_cached)``, an error message, or None when no
+        Blocks (the HTTP side calls it in a worker thread); raises
+        ``ValueError`` with the reason when the grammar cannot be compiled or
+        accepts no output. Returns ``(seconds, was_cached)``, or None when no
         model (or no grammar support) is loaded; intake then decides.
         """
         grammars = self.grammars
         if grammars is None:
             return None
-        try:
-            return await asyncio.to_thread(grammars.warm, constraint)
-        except ValueError as exc:
-            return str(exc)
+        return grammars.warm(constraint)
 
     # ------------------------------------------------------------ commands
 

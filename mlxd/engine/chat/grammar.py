@@ -10,6 +10,12 @@ matcher constructor releases the GIL.
 The mask is applied inside the batched step as the row's own logits
 processor, so a constrained row and a free row share one ``BatchGenerator``
 and the free row's logits are never touched.
+
+A grammar whose first mask allows nothing but the end (a ``$ref`` loop that
+slipped past :mod:`mlxd.engine.schema_limits`) is refused when it is
+compiled. One that hits llguidance's own limits while it generates fails its
+row with a 400 naming the schema (:class:`GrammarFailure`), not as a
+generation error.
 """
 
 from __future__ import annotations
@@ -25,11 +31,35 @@ import mlx.core as mx
 import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
-from mlxd.engine.messages import Constraint
+from mlxd.engine.constraints import parser_limits, short
+from mlxd.engine.messages import Constraint, ErrorCode
+
+# Words in llguidance's errors that mean one of its limits was reached.
+_LIMIT_WORDS = ("too many", "limit", "max is", "fuel", "too complex", "too large")
 
 
 class GrammarError(ValueError):
     """The grammar cannot be compiled for this model."""
+
+
+class GrammarFailure(GrammarError):
+    """The grammar failed while a row generated: the schema's fault, a 400.
+
+    ``code`` is ``schema_too_complex`` when llguidance ran out of one of its
+    limits (Earley items in a row, lexer fuel), else ``invalid_schema`` (a
+    dead end: no token can continue the output).
+    """
+
+    status = 400
+
+    def __init__(self, message: str, *, generated: int):
+        limit = any(word in message.lower() for word in _LIMIT_WORDS)
+        self.code: ErrorCode = "schema_too_complex" if limit else "invalid_schema"
+        what = "is too complex for the grammar engine" if limit else "reached a dead end"
+        super().__init__(
+            f"The schema {what} after {generated} generated tokens ({short(message)}); "
+            "simplify it (docs/api.md, 'Structured output limits')."
+        )
 
 
 def make_ll_tokenizer(tokenizer: Any, width: int) -> LLTokenizer:
@@ -74,15 +104,30 @@ class Grammars:
             if cached is not None:
                 self._cache.move_to_end(constraint.key)
         if cached is None:
-            cached = LLMatcher(self.tokenizer, constraint.grammar, log_level=0)
+            cached = LLMatcher(
+                self.tokenizer, constraint.grammar, log_level=0, limits=parser_limits()
+            )
             if cached.is_error():
-                raise GrammarError(cached.get_error())
+                raise GrammarError(short(cached.get_error()))
+            self._check_start(cached)
             with self._lock:
                 self._cache[constraint.key] = cached
                 while len(self._cache) > self._capacity:
                     self._cache.popitem(last=False)
         with self._lock:
             return cached.deep_copy()
+
+    def _check_start(self, matcher: LLMatcher) -> None:
+        """Refuse a grammar whose first mask allows no token but the end."""
+        probe = matcher.deep_copy()
+        mask = probe.compute_bitmask()
+        if probe.is_error():
+            why = short(probe.get_error()) or "no token can start it"
+            raise GrammarError(f"the grammar accepts no output: {why}")
+        bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
+        allowed = np.flatnonzero(bits[: self.width])
+        if not set(allowed.tolist()) - set(self.tokenizer.eos_tokens):
+            raise GrammarError("the grammar accepts no output: no token can start it")
 
 
 def _portable_mask(bitmask: bytes, width: int) -> mx.array:
@@ -140,12 +185,15 @@ class ConstraintProcessor:
         if self._base is None:
             self._base = int(tokens.shape[-1])
         else:
-            new = tokens[self._base + self._seen :].tolist()
+            new = cast(list[int], tokens[self._base + self._seen :].tolist())
             self._seen += len(new)
             self._consume(new)
         if not self.active:
             return logits
-        return apply_mask(logits, self.matcher.compute_bitmask(), metal=self._metal)
+        bitmask = self.matcher.compute_bitmask()
+        if self.matcher.is_error():
+            raise GrammarFailure(self.matcher.get_error(), generated=self._seen)
+        return apply_mask(logits, bitmask, metal=self._metal)
 
     def _consume(self, new: list[int]) -> None:
         for token in new:
@@ -155,6 +203,7 @@ class ConstraintProcessor:
                     self.active = True
                 continue
             if not self.matcher.consume_token(token):
-                raise GrammarError(
-                    f"the grammar rejected token {token}: {self.matcher.get_error()}"
+                raise GrammarFailure(
+                    f"token {token} was refused: {self.matcher.get_error()}",
+                    generated=self._seen,
                 )

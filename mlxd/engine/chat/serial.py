@@ -24,6 +24,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.engine.chat.checkpoints import segments
 from mlxd.engine.chat.kv_caches import normalize
+from mlxd.engine.chat.grammar import GrammarFailure
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.sampling import (
@@ -167,6 +168,9 @@ class SerialRun:
             out = next(self._steps, None)
         except _Abort:
             return self._end(started, prefill, "cancelled")
+        except GrammarFailure as exc:  # the row's schema, not the engine (a 400)
+            row.error = exc
+            return self._end(started, prefill, "failed", error=str(exc))
         except Exception as exc:
             logger.exception("serial generation failed for %s", row.id)
             return self._end(
