@@ -33,7 +33,10 @@ from mlxd.engine.fleet.values import STATES as MODEL_STATES
 from mlxd.engine.fleet.values import FleetEvent, FleetRefusal, FleetStatus, ModelState
 from mlxd.engine.messages import (
     Accepted,
+    Admitted,
     Api,
+    CacheLookup,
+    CacheSource,
     ChatPrompt,
     Constraint,
     Delta,
@@ -65,7 +68,10 @@ __all__ = [
     "MODEL_STATES",
     "TOOL_GRAMMAR_FORMATS",
     "Accepted",
+    "Admitted",
     "Api",
+    "CacheLookup",
+    "CacheSource",
     "ChatPrompt",
     "ClusterStatus",
     "Constraint",

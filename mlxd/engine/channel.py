@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from mlxd.engine.messages import Accepted, Event, Failed, Finished
+from mlxd.engine.messages import Accepted, Admitted, Event, Failed, Finished
 
 
 class Channel:
@@ -58,6 +58,18 @@ class RequestHandle:
         """Wait for the engine to tokenize the request and pick its lane (or refuse it)."""
         event = await self._channel.get()
         assert isinstance(event, Accepted | Failed), event
+        if isinstance(event, Failed):
+            self._done = True
+        return event
+
+    async def admitted(self) -> Admitted | Failed:
+        """After :meth:`accepted`: wait until the request leaves the queue (or fails first).
+
+        :class:`Admitted` carries its prompt-cache lookup; a request cancelled
+        or refused while it waited ends with :class:`Failed` instead.
+        """
+        event = await self._channel.get()
+        assert isinstance(event, Admitted | Failed), event
         if isinstance(event, Failed):
             self._done = True
         return event

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Lane = Literal["batch", "serial"]
+# Where a request's cached prefix came from: the prompt cache in memory, the
+# disk tier, or nowhere (a miss).
+CacheSource = Literal["ram", "disk", "none"]
 # Which HTTP API a request came in through (shown in /stats and the dashboard).
 Api = Literal["chat", "completions", "responses", "messages"]
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -112,6 +115,9 @@ class GenerationRequest:
     # Test-only fault injection (see docs/testing.md); ignored unless the
     # engine was built with fault injection enabled.
     fault: str | None = None
+    # The prompt rules the HTTP side applied to this request's prompt (the
+    # names of [prompt_cache] volatile_rules that matched); the engine counts them.
+    prompt_rules: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- events
@@ -125,6 +131,35 @@ class Accepted:
     reason: str
     prompt_tokens: int
     model: str
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """What the prompt-cache lookup found for one request, made when it is admitted.
+
+    ``cached_tokens`` of ``prompt_tokens`` were taken from ``source``.
+    ``diverged_at`` (on a partial hit or a miss; ``None`` on a full hit) is the
+    length of the longest prefix of the prompt that any stored entry shares:
+    the token index where the prompt left everything the cache held.
+    ``before`` and ``after`` are the prompt's text just before and after that
+    index (a few dozen characters each; prompt text: shown to admins only).
+    ``cached_tokens < diverged_at`` means a stored entry shared more than
+    could be reused (a cache that cannot be rewound to that point).
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+    source: CacheSource
+    diverged_at: int | None
+    before: str = ""
+    after: str = ""
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The request left the queue: its prefill starts from ``lookup.cached_tokens``."""
+
+    lookup: CacheLookup
 
 
 @dataclass(frozen=True)
@@ -240,7 +275,7 @@ class Failed:
     param: str | None = None
 
 
-Event = Accepted | Delta | Finished | Failed
+Event = Accepted | Admitted | Delta | Finished | Failed
 
 
 @dataclass(frozen=True)

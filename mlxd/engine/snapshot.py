@@ -80,6 +80,28 @@ class BatchState:
 
 
 @dataclass(frozen=True)
+class LookupRecord:
+    """One request's prompt-cache lookup (``/stats`` ``prompt_cache.lookups``).
+
+    ``before`` and ``after`` are prompt text: the HTTP side blanks them for
+    readers without admin access.
+    """
+
+    at: float
+    model: str
+    request_id: str
+    api: str
+    prompt_tokens: int
+    cached_tokens: int
+    source: str  # ram | disk | none
+    diverged_at: int | None
+    before: str
+    after: str
+    # The [prompt_cache] volatile_rules applied to the request.
+    rules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PromptCacheState:
     entries: int
     bytes: int
@@ -88,6 +110,18 @@ class PromptCacheState:
     hits: int
     misses: int
     cached_tokens_served: int
+    # Prompt tokens taken from the cache at admission, by tier.
+    ram_tokens: int = 0
+    disk_tokens: int = 0
+    # The disk tier and checkpoints (0 while they are off).
+    checkpoint_writes: int = 0
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    corrupt_dropped: int = 0
+    # [prompt_cache] volatile_rules applied, by rule name.
+    rules: dict[str, int] = field(default_factory=dict)
+    # The last lookups, newest first.
+    lookups: tuple[LookupRecord, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from mlxd.config import load_settings
 from mlxd.engine.chat.engine import Engine
 from mlxd.engine.messages import (
     Accepted,
+    Admitted,
+    CacheLookup,
     Delta,
     Failed,
     Finished,
@@ -29,6 +31,8 @@ class Outcome:
     text: str = ""
     end: Finished | Failed | None = None
     deltas: list[Delta] = field(default_factory=list)
+    # What the prompt cache held for it (the Admitted event), once admitted.
+    lookup: CacheLookup | None = None
 
     @property
     def ok(self) -> bool:
@@ -77,6 +81,8 @@ async def consume(
                 handle.cancel()
                 out.end = None
                 return out
+        elif isinstance(event, Admitted):
+            out.lookup = event.lookup
         else:
             out.end = event
     return out

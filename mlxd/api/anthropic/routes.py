@@ -39,7 +39,7 @@ from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError, error_handlers
 from mlxd.api.state import Mlxd
-from mlxd.engine import Accepted, Failed
+from mlxd.engine import Accepted, CacheLookup, Failed
 
 # Under /v1 (the router that mlxd.api.app mounts): /v1/messages.
 MESSAGES_PATH = "/messages"
@@ -72,8 +72,10 @@ class MessagesController(Controller):
                 mlxd, lease, call.gen, json_param="output_config.format", tools_param="tool_choice"
             )
 
-        def make_output(accepted: Accepted) -> Output:
-            return MessagesOutput(call.gen.id, accepted.model, accepted.prompt_tokens)
+        def make_output(accepted: Accepted, lookup: CacheLookup) -> Output:
+            return MessagesOutput(
+                call.gen.id, accepted.model, accepted.prompt_tokens, lookup.cached_tokens
+            )
 
         return await generate(request, mlxd, lease, call.gen, make_output, stream=call.stream)
 

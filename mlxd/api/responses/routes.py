@@ -28,7 +28,7 @@ from mlxd.api.http.errors import OpenAIError
 from mlxd.api.responses.render import ResponsesOutput
 from mlxd.api.responses.schema import ResponsesRequest, responses_request
 from mlxd.api.state import AppState, Mlxd
-from mlxd.engine import Accepted
+from mlxd.engine import Accepted, CacheLookup
 
 
 def _not_found(rid: str, *, status: int, param: str | None = None) -> OpenAIError:
@@ -93,7 +93,7 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
                 call.gen.id, response, messages, max_stored=conf.max_stored, ttl=conf.ttl
             )
 
-    def make_output(accepted: Accepted) -> Output:
+    def make_output(accepted: Accepted, _lookup: CacheLookup) -> Output:
         return ResponsesOutput(
             call.gen.id, accepted.model, call.echo, keep, warm_up=not call.generate
         )

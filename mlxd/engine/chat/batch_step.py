@@ -36,7 +36,8 @@ def admit(core: EngineCore) -> None:
         row = core.pending[0]
         if row.prefetched is None:
             row.prefetched = core.fetch_cache(row.prompt)
-        cache, rest = row.prefetched
+        fetched = row.prefetched
+        cache, rest = fetched.cache, fetched.rest
         row.extent = replace(row.extent, cached=len(row.prompt) - len(rest))
         check = admission.check_admission(
             layout,
@@ -57,7 +58,7 @@ def admit(core: EngineCore) -> None:
             return
         core.pending.popleft()
         row.prefetched = None
-        row.admitted(len(row.prompt) - len(rest))
+        core.admitted(row, fetched)
         try:
             batch.insert(row, cache, rest)
         except Exception as exc:

@@ -22,6 +22,7 @@ from mlxd.engine.chat.batch import BatchLane
 from mlxd.engine.chat.counters import Counters, Peaks, Throughput
 from mlxd.engine.chat.hooks import ClusterHooks
 from mlxd.engine.chat.loading import LoadedModel
+from mlxd.engine.chat.lookups import Fetched, LookupLog, make_lookup
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.serial import SerialRun
 from mlxd.engine.fleet.memory import MemoryPool
@@ -76,6 +77,7 @@ class EngineCore:
             settings.prompt_cache, lambda: self.settings.batch
         )
         self.drains = DrainLog()
+        self.lookups = LookupLog()
         self.counters = Counters()
         self.throughput = Throughput()
         self.peaks = Peaks()
@@ -200,11 +202,20 @@ class EngineCore:
 
     # ------------------------------------------------------------ prompt cache
 
-    def fetch_cache(self, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
-        """The nearest cached prefix of ``prompt`` and the tokens left to prefill."""
+    def fetch_cache(self, prompt: list[int]) -> Fetched:
+        """The nearest cached prefix of ``prompt``, the tokens left to prefill, the match."""
         if self.loaded is None:
-            return None, prompt
-        return self.prompt_cache.fetch(self.loaded.key, prompt)
+            return Fetched(None, prompt, 0)
+        common = self.prompt_cache.common_prefix(self.loaded.key, prompt)
+        cache, rest = self.prompt_cache.fetch(self.loaded.key, prompt)
+        return Fetched(cache, rest, common)
+
+    def admitted(self, row: Row, fetched: Fetched) -> None:
+        """``row`` leaves the queue with ``fetched``: tell its client, keep the lookup."""
+        lookup = make_lookup(row.prompt, fetched, row.tokenizer)
+        row.admitted(lookup)
+        model = self.loaded.info.id if self.loaded is not None else ""
+        self.lookups.add(model, row.id, row.request.api, lookup, row.request.prompt_rules)
 
     def store_cache(self, tokens: list[int] | None, cache: list[Any] | None) -> None:
         """Keep a finished row's cache for the prompts that share its prefix."""

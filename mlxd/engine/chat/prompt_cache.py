@@ -12,6 +12,7 @@ from typing import Any
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from mlxd.config import PromptCacheSettings
+from mlxd.engine.chat.lookups import LookupLog
 from mlxd.engine.snapshot import PromptCacheState
 
 
@@ -56,6 +57,17 @@ class PromptCache:
             self.hits += 1
         return cache, rest
 
+    def common_prefix(self, model_key: str, prompt: list[int]) -> int:
+        """How many leading tokens of ``prompt`` some stored entry shares (read only).
+
+        The divergence point a lookup reports; mlx-lm's trie walk, which
+        :meth:`fetch` makes again (its result does not say it on an exact hit).
+        """
+        if not self.enabled or not prompt:
+            return 0
+        found = self._lru._trie.search(model_key, prompt)  # mlx-lm has no public walk
+        return len(prompt) if found.exact is not None else found.common_prefix
+
     def store(
         self, model_key: str, tokens: list[int] | None, cache: list[Any] | None, live_bytes: int
     ) -> None:
@@ -71,7 +83,7 @@ class PromptCache:
     def clear(self) -> None:
         self._lru.trim_to(n_sequences=0)
 
-    def state(self, cached_tokens_served: int) -> PromptCacheState:
+    def state(self, cached_tokens_served: int, lookups: LookupLog) -> PromptCacheState:
         return PromptCacheState(
             entries=len(self._lru),
             bytes=self._lru.nbytes,
@@ -80,4 +92,8 @@ class PromptCache:
             hits=self.hits,
             misses=self.misses,
             cached_tokens_served=cached_tokens_served,
+            ram_tokens=lookups.ram_tokens,
+            disk_tokens=lookups.disk_tokens,
+            rules=dict(lookups.rules),
+            lookups=lookups.records(),
         )

@@ -14,9 +14,12 @@ from typing import Any, Literal, cast
 import mlx.core as mx
 
 from mlxd.engine.channel import Channel
+from mlxd.engine.chat.lookups import Fetched
 from mlxd.engine.chat.output import OutputSplitter, Split
 from mlxd.engine.chat.stops import TextStream
 from mlxd.engine.messages import (
+    Admitted,
+    CacheLookup,
     Delta,
     Failed,
     Finished,
@@ -59,7 +62,9 @@ class Row:
     # Every sampled token, end-of-sequence included (what the KV cache holds).
     generated_ids: list[int] = field(default_factory=list)
     # The head of the pending queue keeps its prompt-cache lookup while it waits.
-    prefetched: tuple[Any, list[int]] | None = None
+    prefetched: Fetched | None = None
+    # What that lookup found, once admitted.
+    lookup: CacheLookup | None = None
     admitted_mono: float | None = None
     first_token_mono: float | None = None
     cancelled: bool = False
@@ -73,11 +78,14 @@ class Row:
     def id(self) -> str:
         return self.request.id
 
-    def admitted(self, cached_tokens: int) -> None:
+    def admitted(self, lookup: CacheLookup) -> None:
+        """The row leaves the queue; its client learns what the prompt cache held."""
         self.admitted_mono = time.monotonic()
-        self.cached_tokens = cached_tokens
-        self.prefill_total = len(self.prompt) - cached_tokens
+        self.lookup = lookup
+        self.cached_tokens = lookup.cached_tokens
+        self.prefill_total = len(self.prompt) - lookup.cached_tokens
         self.phase = "queued" if self.lane == "batch" else "prefill"
+        self.channel.push(Admitted(lookup))
 
     def push_token(self, token: int, logprobs: mx.array | None, *, is_eos: bool) -> bool:
         """Emit one sampled token; return True when a stop string ended the row."""

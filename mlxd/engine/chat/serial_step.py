@@ -19,8 +19,9 @@ def start(core: EngineCore, row: Row) -> None:
     """Make ``row`` the serial row, from the nearest cached prefix of its prompt."""
     loaded = core.loaded
     assert loaded is not None
-    cache, rest = core.fetch_cache(row.prompt)
-    row.admitted(len(row.prompt) - len(rest))
+    fetched = core.fetch_cache(row.prompt)
+    cache, rest = fetched.cache, fetched.rest
+    core.admitted(row, fetched)
     core.last_turn = "serial"
     try:
         core.serial = core.hooks.make_serial_run(

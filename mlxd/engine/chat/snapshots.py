@@ -131,7 +131,7 @@ def build_snapshot(
         rows=tuple(rows),
         pending=tuple(pending),
         drains=core.drains.events(),
-        prompt_cache=core.prompt_cache.state(core.counters.cached_tokens),
+        prompt_cache=core.prompt_cache.state(core.counters.cached_tokens, core.lookups),
         counters={
             **core.counters.as_dict(),
             "drains": core.drains.total,
