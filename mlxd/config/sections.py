@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from mlxd.config.units import Bytes, KvBudget
 
 Reload = Literal["live", "swap", "restart"]
+# The prompt rules mlxd knows (mlxd.api.prompt_rules): known-volatile prompt content.
+VolatileRule = Literal["claude_billing_header"]
 
 
 def _field(default: Any, reload: Reload, description: str, **kwargs: Any) -> Any:
@@ -167,6 +169,12 @@ class PromptCacheSettings(Section):
     )
     max_entries: int = _field(
         10, "live", "Cached conversations kept; 0 disables the prompt cache.", ge=0
+    )
+    volatile_rules: list[VolatileRule] = _field(
+        ["claude_billing_header"],
+        "live",
+        "Known per-request prompt content removed so the prompt cache can hit "
+        "(docs/agents.md); [] turns every rule off.",
     )
 
 

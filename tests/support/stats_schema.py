@@ -32,8 +32,9 @@ def type_ok(value: Any, spec: str) -> bool:
             return True
         if option == "bool" and isinstance(value, bool):
             return True
-        if option == "object" and isinstance(value, dict):
-            return True
+        if option == "object" or option.startswith("like "):
+            if isinstance(value, dict):
+                return True
         if option == "map[str, int]" and isinstance(value, dict):
             return all(type_ok(v, "int") for v in value.values())
         if option.startswith("list[") and isinstance(value, list):
@@ -52,6 +53,10 @@ def check_schema(stats: dict[str, Any], fields: dict[str, str], seen: set[str]) 
             assert type_ok(value, fields[path]), f"{path} = {value!r} is not {fields[path]}"
             seen.add(path)
             if fields[path].startswith("map"):
+                continue
+            if fields[path].startswith("like "):
+                # An object with another field's fields (fleet.models[].engine.prompt_cache).
+                walk(value, fields[path][5:] + ".")
                 continue
             if isinstance(value, dict):
                 walk(value, path + ".")

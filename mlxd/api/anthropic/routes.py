@@ -36,6 +36,7 @@ from mlxd.api.generate import (
     released_on_error,
 )
 from mlxd.api.http.body import read_body
+from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError, error_handlers
 from mlxd.api.state import Mlxd
@@ -85,6 +86,8 @@ class MessagesController(Controller):
         req = decode(body, CountTokensRequest)
         async with held(mlxd, req.model) as lease:
             gen = count_tokens_request(req, info=lease.info)
+            # The prompt the real request runs: the same volatile rules apply.
+            gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
             check_values(lease.info, gen)
             # Tokenized on the engine's intake thread, exactly as intake will.
             counted = await asyncio.wrap_future(lease.engine.count_tokens(gen))

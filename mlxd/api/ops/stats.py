@@ -3,7 +3,9 @@
 The body is the default chat model's :meth:`Engine.snapshot` (an immutable
 value the engine thread swaps in after every step, so reading it never waits
 on the engine loop), the daemon's config version and reload log, and the
-fleet. The field-by-field contract is docs/api.md ("GET /stats").
+fleet. The field-by-field contract is docs/api.md ("GET /stats"). Prompt text
+(the snippets around where a prompt left the prompt cache) is shown to readers
+with admin access only.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from litestar import Controller, Response, get
+from litestar import Controller, Request, Response, get
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
-from mlxd.api.http.access import admin_refusal, can_read
+from mlxd.api.http.access import admin_refusal, can_admin, can_read
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.state import AppState, Mlxd
 from mlxd.config import Settings
@@ -47,9 +49,31 @@ def read_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         raise read_refusal(settings)
 
 
-def daemon_stats(state: AppState, now: float) -> dict[str, Any]:
-    """The default chat model's snapshot with the daemon's ``config`` and ``reloads``."""
-    return {**state.engine.snapshot().as_dict(now), **state.reload_log.as_dict()}
+def daemon_stats(state: AppState, now: float, *, admin: bool) -> dict[str, Any]:
+    """The default chat model's snapshot with the daemon's ``config`` and ``reloads``.
+
+    ``admin``: the reader may see prompt text (the snippets of the prompt-cache
+    lookups); for anyone else they are ``None``.
+    """
+    body = {**state.engine.snapshot().as_dict(now), **state.reload_log.as_dict()}
+    if not admin:
+        hide_prompt_text(body.get("prompt_cache"))
+    return body
+
+
+def fleet_stats(state: AppState, *, admin: bool) -> dict[str, Any]:
+    """``/stats`` ``fleet``: every model and the budget, prompt text only for admins."""
+    fleet = state.fleet.status().as_dict()
+    if not admin:
+        for model in fleet.get("models", []):
+            hide_prompt_text(model.get("engine", {}).get("prompt_cache"))
+    return fleet
+
+
+def hide_prompt_text(prompt_cache: dict[str, Any] | None) -> None:
+    """Blank the prompt text of a prompt cache's lookups (the snippets around divergence)."""
+    for lookup in (prompt_cache or {}).get("lookups", []):
+        lookup["before"] = lookup["after"] = None
 
 
 class StatsController(Controller):
@@ -57,9 +81,10 @@ class StatsController(Controller):
     guards = [read_guard]
 
     @get("/")
-    async def stats(self, mlxd: Mlxd) -> Response[dict[str, Any]]:
+    async def stats(self, request: Request, mlxd: Mlxd) -> Response[dict[str, Any]]:
         """The current state (docs/api.md ("GET /stats"))."""
-        body = daemon_stats(mlxd, time.time())
+        admin = can_admin(request, mlxd.settings)
+        body = daemon_stats(mlxd, time.time(), admin=admin)
         # Every configured model, and the memory budget they share (docs/api.md).
-        body["fleet"] = mlxd.fleet.status().as_dict()
+        body["fleet"] = fleet_stats(mlxd, admin=admin)
         return Response(body, headers=NO_STORE)
