@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+
 from mlxd.engine import ChatPrompt, GenerationRequest
 
 # Rule name -> what it removes (docs/configuration.md lists the same).
@@ -43,9 +44,7 @@ RULES: dict[str, str] = {
 
 # The header line as Claude Code writes it: the name, then `key=value;` fields
 # (cc_version, cc_entrypoint, cch, cc_workload, ...), then at most one line break.
-_BILLING = re.compile(
-    r"x-anthropic-billing-header:(?:[ \t]*[A-Za-z0-9_]+=[^;\r\n]*;)+[ \t]*\r?\n?"
-)
+_BILLING = re.compile(r"x-anthropic-billing-header:(?:[ \t]*[A-Za-z0-9_]+=[^;\r\n]*;)+[ \t]*\r?\n?")
 
 
 def strip_billing_header(text: str) -> tuple[str, bool]:

@@ -32,9 +32,8 @@ def type_ok(value: Any, spec: str) -> bool:
             return True
         if option == "bool" and isinstance(value, bool):
             return True
-        if option == "object" or option.startswith("like "):
-            if isinstance(value, dict):
-                return True
+        if (option == "object" or option.startswith("like ")) and isinstance(value, dict):
+            return True
         if option == "map[str, int]" and isinstance(value, dict):
             return all(type_ok(v, "int") for v in value.values())
         if option.startswith("list[") and isinstance(value, list):

@@ -36,9 +36,9 @@ from mlxd.api.generate import (
     released_on_error,
 )
 from mlxd.api.http.body import read_body
-from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError, error_handlers
+from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.state import Mlxd
 from mlxd.engine import Accepted, CacheLookup, Failed
 
