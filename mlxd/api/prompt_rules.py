@@ -30,6 +30,7 @@ blocks itself (the Messages translation may apply it per block).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 
 from mlxd.engine import ChatPrompt, GenerationRequest
@@ -55,9 +56,7 @@ def strip_billing_header(text: str) -> tuple[str, bool]:
     return text[match.end() :], True
 
 
-def apply_prompt_rules(
-    gen: GenerationRequest, rules: list[str] | tuple[str, ...]
-) -> GenerationRequest:
+def apply_prompt_rules(gen: GenerationRequest, rules: Sequence[str]) -> GenerationRequest:
     """``gen`` with the ``rules`` in force applied to its prompt; the rules that changed
     it are listed in ``prompt_rules`` (``gen`` itself when none did)."""
     prompt = gen.prompt
