@@ -60,13 +60,21 @@ class PromptCache:
     def common_prefix(self, model_key: str, prompt: list[int]) -> int:
         """How many leading tokens of ``prompt`` some stored entry shares (read only).
 
-        The divergence point a lookup reports; mlx-lm's trie walk, which
-        :meth:`fetch` makes again (its result does not say it on an exact hit).
+        The divergence point a lookup reports: a walk down mlx-lm's token trie,
+        one dict lookup per token (mlx-lm has no public walk; its ``search``
+        also looks for the shortest longer entry, which this does not need).
         """
         if not self.enabled or not prompt:
             return 0
-        found = self._lru._trie.search(model_key, prompt)  # mlx-lm has no public walk
-        return len(prompt) if found.exact is not None else found.common_prefix
+        node = self._lru._trie._trie.get(model_key)
+        depth = 0
+        for token in prompt:
+            if node is None:
+                break
+            node = node.get(token)
+            if node is not None:
+                depth += 1
+        return depth
 
     def store(
         self, model_key: str, tokens: list[int] | None, cache: list[Any] | None, live_bytes: int
