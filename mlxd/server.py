@@ -113,7 +113,7 @@ class MlxdServer(uvicorn.Server):
         task.add_done_callback(_log_task_error)
 
     async def _reload(self) -> None:
-        from mlxd.reload import reload_from_file
+        from mlxd.api.reload import reload_from_file
 
         await reload_from_file(self.state, trigger="SIGHUP")
 

@@ -2,7 +2,7 @@
 
 They belong to the daemon, not to any model's engine: a reload may add,
 remove or swap every model, and move ``default`` to another one. The reload
-path (:mod:`mlxd.reload`) swaps a new :class:`ReloadLog` into
+path (:mod:`mlxd.api.reload`) swaps a new :class:`ReloadLog` into
 ``AppState.reload_log`` after each attempt, on the event loop; ``/stats``,
 ``/metrics``, the dashboard and ``mlxd status`` read the current one.
 """

@@ -68,6 +68,8 @@ class ModelEntry(ModelSettings):
         'Unload after this long without requests ("30m", "2h"); '
         '"forever" unloads only to make room.',
     )
+    # The override classes are made by create_model() at import time: a type
+    # checker sees variables, not classes, in these annotations (hence the ignores).
     batch: BatchOverride = _field(BatchOverride(), "live", "[batch] keys for this model alone.")  # type: ignore[valid-type]
     lanes: LaneOverride = _field(LaneOverride(), "live", "[lanes] keys for this model alone.")  # type: ignore[valid-type]
     sampling: SamplingOverride = _field(  # type: ignore[valid-type]

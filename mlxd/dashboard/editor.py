@@ -3,7 +3,7 @@
 Validate shows what a submission would change (key, old → new, live/swap/
 restart) or what is wrong with it, and writes nothing. Apply validates, writes
 the file atomically (the replaced version goes to the history) and reloads
-through :func:`mlxd.reload.reload_from_file`, the path SIGHUP and
+through :func:`mlxd.api.reload.reload_from_file`, the path SIGHUP and
 ``/admin/reload`` take. Rollback does the same with a kept version.
 
 The page embeds the sha256 of the file as it was loaded; apply and rollback
@@ -26,6 +26,7 @@ from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
 from mlxd.api.ops.stats import NO_STORE, daemon_stats
+from mlxd.api.reload import check, reload_from_file
 from mlxd.api.state import AppState, Mlxd
 from mlxd.config import dump_toml
 from mlxd.dashboard import configfile
@@ -42,7 +43,6 @@ from mlxd.dashboard.quick import quick_controls, quick_edit, quick_values
 from mlxd.dashboard.refused import DashboardRefused, require_admin
 from mlxd.dashboard.regions import format_region
 from mlxd.dashboard.templating import environment
-from mlxd.reload import check, reload_from_file
 
 logger = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ import json
 import time
 from typing import Any
 
+from mlxd.api.reload import Change, ReloadResult
 from mlxd.config import ConfigError, ConfigIssue, format_bytes, parse_toml
 from mlxd.dashboard import configfile
 from mlxd.dashboard.configfile import Current
 from mlxd.dashboard.formatting import Formatted, ago, clock, human_bytes, iso
-from mlxd.reload import Change, ReloadResult
 
 MASK = "********"
 _BYTE_KEYS = {"batch.kv_budget", "prompt_cache.max_bytes", "limits.max_body_bytes"}

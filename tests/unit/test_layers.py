@@ -69,7 +69,7 @@ def test_http_side_imports_no_mlx_and_only_the_engines_face(path):
 
 def test_importing_the_http_side_loads_no_mlx():
     code = (
-        "import sys, mlxd.engine, mlxd.api.app, mlxd.dashboard.page, mlxd.reload, mlxd.config,"
+        "import sys, mlxd.engine, mlxd.api.app, mlxd.dashboard.page, mlxd.api.reload, mlxd.config,"
         " mlxd.cli;"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm'));"
         "print(loaded); sys.exit(1 if loaded else 0)"

@@ -16,8 +16,8 @@ from litestar.handlers import BaseRouteHandler
 
 from mlxd.api.http.access import admin_refusal, can_admin, changes_state, host_allowed
 from mlxd.api.http.errors import OpenAIError, error_body
+from mlxd.api.reload import reload_from_file
 from mlxd.api.state import Mlxd
-from mlxd.reload import reload_from_file
 
 
 def same_origin(connection: ASGIConnection) -> bool:

@@ -11,16 +11,12 @@ drain both lanes.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mlxd.config import ModelSettings, Settings
 from mlxd.engine.channel import Channel
 from mlxd.engine.messages import GenerationRequest
-
-if TYPE_CHECKING:
-    from mlxd.engine.chat.core import EngineCore
 
 
 @dataclass(frozen=True)
@@ -95,22 +91,7 @@ class CountTokens:
     request: GenerationRequest
 
 
-@dataclass(frozen=True)
-class Call:
-    """Run ``fn(core)`` on the engine thread (after draining both lanes with ``exclusive``).
-
-    The one command that carries code: the reload log still lives on the
-    core (``mlxd.reload``) until it moves to the daemon's state (issue 18).
-    """
-
-    fn: Callable[[EngineCore], Any]
-    exclusive: bool = False
-    reason: str = "exclusive"
-
-
-Command = (
-    Load | Unload | Apply | StopAccepting | AbortAll | ClearError | Rename | CountTokens | Call
-)
+Command = Load | Unload | Apply | StopAccepting | AbortAll | ClearError | Rename | CountTokens
 
 
 @dataclass(frozen=True)

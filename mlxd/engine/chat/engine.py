@@ -23,15 +23,13 @@ import asyncio
 import concurrent.futures
 import gc
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from mlxd.config import Settings
 from mlxd.engine.channel import Channel, RequestHandle
 from mlxd.engine.chat.commands import (
     AbortAll,
     Apply,
-    Call,
     ClearError,
     Command,
     CountTokens,
@@ -41,7 +39,6 @@ from mlxd.engine.chat.commands import (
     Submit,
     Unload,
 )
-from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.engine_thread import EngineThread
 from mlxd.engine.chat.hooks import ClusterHooks, OneMachine
 from mlxd.engine.fleet.memory import MemoryPool
@@ -50,8 +47,6 @@ from mlxd.engine.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.grammar import Grammars
-
-T = TypeVar("T")
 
 
 def _forget_engine_thread_arrays() -> None:
@@ -207,17 +202,6 @@ class Engine:
         """Account under ``model_id`` in the shared pool from the next step on."""
         self.model_id = model_id
         self._thread.send(Rename(model_id))
-
-    def call(
-        self, fn: Callable[[EngineCore], T], *, exclusive: bool = False, reason: str = "exclusive"
-    ) -> concurrent.futures.Future[T]:
-        """Run ``fn(core)`` on the engine thread between two steps (draining first with
-        ``exclusive``, recorded as a drain with ``reason``).
-
-        Only the reload log uses it (``mlxd.reload``), until the log moves to
-        the daemon's state (issue 18); everything else is a named command.
-        """
-        return self._thread.send(Call(fn, exclusive, reason))
 
     # ------------------------------------------------------------ reading
 

@@ -25,7 +25,6 @@ from mlxd.engine.channel import Channel
 from mlxd.engine.chat.commands import (
     AbortAll,
     Apply,
-    Call,
     Cancel,
     ClearError,
     Command,
@@ -339,8 +338,6 @@ class EngineThread:
                 core.last_error = core.last_error_at = None
             case Rename(model_id=model_id):
                 core.pool_id = model_id
-            case Call(fn=fn):
-                return fn(core)
             case CountTokens():  # handed to the intake thread by _dispatch
                 raise AssertionError("CountTokens is not executed here")
         return None
@@ -383,6 +380,4 @@ def _drain_reason(command: Command) -> str | None:
         return "model_swap"
     if isinstance(command, Unload):
         return "model_unload"
-    if isinstance(command, Call) and command.exclusive:
-        return command.reason
     return None
