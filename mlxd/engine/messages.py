@@ -12,8 +12,8 @@ from typing import Literal
 
 Lane = Literal["batch", "serial"]
 # Where a request's cached prefix came from: the prompt cache in memory, the
-# disk tier, or nowhere (a miss).
-CacheSource = Literal["ram", "disk", "none"]
+# disk tier, nowhere (a miss), or "off": the model's prompt cache is disabled.
+CacheSource = Literal["ram", "disk", "none", "off"]
 # Which HTTP API a request came in through (shown in /stats and the dashboard).
 Api = Literal["chat", "completions", "responses", "messages"]
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -145,12 +145,16 @@ class CacheLookup:
     index (a few dozen characters each; prompt text: shown to admins only).
     ``cached_tokens < diverged_at`` means a stored entry shared more than
     could be reused (a cache that cannot be rewound to that point).
+    ``stored``: the entries the cache held for the model when it looked, so
+    "nothing was cached yet" reads apart from "the prompt changed". With the
+    cache disabled the source is ``off`` and there is no divergence point.
     """
 
     prompt_tokens: int
     cached_tokens: int
     source: CacheSource
     diverged_at: int | None
+    stored: int = 0
     before: str = ""
     after: str = ""
 

@@ -93,8 +93,9 @@ class LookupRecord:
     api: str
     prompt_tokens: int
     cached_tokens: int
-    source: str  # ram | disk | none
+    source: str  # ram | disk | none | off
     diverged_at: int | None
+    stored: int
     before: str
     after: str
     # The [prompt_cache] volatile_rules applied to the request.
@@ -114,10 +115,10 @@ class PromptCacheState:
     ram_tokens: int = 0
     disk_tokens: int = 0
     # The disk tier and checkpoints (0 while they are off).
-    checkpoint_writes: int = 0
+    checkpoints: int = 0
     disk_bytes: int = 0
     disk_entries: int = 0
-    corrupt_dropped: int = 0
+    disk_corrupt: int = 0
     # [prompt_cache] volatile_rules applied, by rule name.
     rules: dict[str, int] = field(default_factory=dict)
     # The last lookups, newest first.

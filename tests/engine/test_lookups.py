@@ -30,6 +30,7 @@ def test_each_turn_says_how_much_was_reused_and_where_it_diverged(
         first = run_all(engine, [token_request("t1", BASE, 6)])[0]
         assert first.ok and first.lookup is not None
         assert (first.lookup.cached_tokens, first.lookup.source) == (0, "none")
+        assert first.lookup.stored == 0  # an empty cache, not a changed prompt
         assert first.lookup.diverged_at == 0 and first.lookup.before == ""
         assert first.lookup.after == tokenizer.decode(BASE[:SNIPPET_TOKENS])[:SNIPPET_CHARS]
 
@@ -39,7 +40,7 @@ def test_each_turn_says_how_much_was_reused_and_where_it_diverged(
         held = len(BASE) + len(first.tokens)
         assert second.lookup is not None
         assert (second.lookup.cached_tokens, second.lookup.source) == (held, "ram")
-        assert second.lookup.diverged_at == held
+        assert second.lookup.diverged_at == held and second.lookup.stored >= 1
         assert second.end is not None and second.end.usage.cached_tokens == held
 
         # A prompt that shares the first 100 tokens, then differs.
@@ -73,3 +74,14 @@ def test_the_serial_lane_and_a_full_hit() -> None:
         assert again.lookup.cached_tokens == len(BASE) - 1
         assert again.lookup.diverged_at is None and again.lookup.before == ""
         assert again.tokens == first.tokens
+
+
+def test_with_the_cache_off_the_lookup_says_so() -> None:
+    with running_engine(
+        tiny_model_dir("llama"), batch={"size": 2}, prompt_cache={"max_entries": 0}
+    ) as engine:
+        outs = run_all(engine, [token_request(f"o{i}", BASE, 4) for i in range(2)])
+        for out in outs:
+            assert out.lookup is not None
+            assert (out.lookup.source, out.lookup.cached_tokens) == ("off", 0)
+            assert out.lookup.diverged_at is None and out.lookup.before == ""

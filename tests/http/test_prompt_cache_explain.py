@@ -313,8 +313,8 @@ def test_metrics_count_tokens_served_by_tier(daemon: Daemon) -> None:
     assert ram == pc["ram_tokens"] > 0
     assert disk == pc["disk_tokens"]
     for name, key in (
-        ("mlxd_prompt_cache_checkpoint_writes_total", "checkpoint_writes"),
-        ("mlxd_prompt_cache_corrupt_dropped_total", "corrupt_dropped"),
+        ("mlxd_prompt_cache_checkpoint_writes_total", "checkpoints"),
+        ("mlxd_prompt_cache_corrupt_dropped_total", "disk_corrupt"),
         ("mlxd_prompt_cache_disk_bytes", "disk_bytes"),
         ("mlxd_prompt_cache_disk_entries", "disk_entries"),
     ):

@@ -98,8 +98,9 @@ def test_the_setting_knows_exactly_the_rules_there_are() -> None:
             "cached=7207; prompt=7238; source=ram; diverged_at=7207",
         ),
         (CacheLookup(7238, 7237, "ram", None), "cached=7237; prompt=7238; source=ram"),
+        (CacheLookup(900, 0, "off", None), "cached=0; prompt=900; source=off"),
         (
-            CacheLookup(900, 0, "none", 0, "x", "y"),
+            CacheLookup(900, 0, "none", 0, stored=3, before="x", after="y"),
             "cached=0; prompt=900; source=none; diverged_at=0",
         ),
         (

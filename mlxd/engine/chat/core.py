@@ -204,11 +204,12 @@ class EngineCore:
 
     def fetch_cache(self, prompt: list[int]) -> Fetched:
         """The nearest cached prefix of ``prompt``, the tokens left to prefill, the match."""
-        if self.loaded is None:
-            return Fetched(None, prompt, 0)
+        if self.loaded is None or not self.prompt_cache.enabled:
+            return Fetched(None, prompt, 0, "off")
+        stored = len(self.prompt_cache)
         common = self.prompt_cache.common_prefix(self.loaded.key, prompt)
         cache, rest = self.prompt_cache.fetch(self.loaded.key, prompt)
-        return Fetched(cache, rest, common)
+        return Fetched(cache, rest, common, stored=stored)
 
     def admitted(self, row: Row, fetched: Fetched) -> None:
         """``row`` leaves the queue with ``fetched``: tell its client, keep the lookup."""

@@ -42,6 +42,8 @@ class Fetched:
     rest: list[int]
     common: int
     source: CacheSource = "ram"
+    # Entries the cache held for the model when it looked.
+    stored: int = 0
 
     def cached_tokens(self, prompt_tokens: int) -> int:
         return prompt_tokens - len(self.rest)
@@ -55,14 +57,16 @@ def make_lookup(prompt: list[int], fetched: Fetched, tokenizer: Any) -> CacheLoo
     prefix with the cache, and the snippets are the prompt's text around it.
     """
     n = len(prompt)
+    if fetched.source == "off":
+        return CacheLookup(n, 0, "off", None)
     cached = fetched.cached_tokens(n)
     source: CacheSource = fetched.source if cached > 0 else "none"
     if cached >= n - 1:
-        return CacheLookup(n, cached, source, None)
+        return CacheLookup(n, cached, source, None, stored=fetched.stored)
     at = min(fetched.common, n)
     before = _decode(tokenizer, prompt[max(0, at - SNIPPET_TOKENS) : at])[-SNIPPET_CHARS:]
     after = _decode(tokenizer, prompt[at : at + SNIPPET_TOKENS])[:SNIPPET_CHARS]
-    return CacheLookup(n, cached, source, at, before, after)
+    return CacheLookup(n, cached, source, at, stored=fetched.stored, before=before, after=after)
 
 
 def _decode(tokenizer: Any, ids: list[int]) -> str:
@@ -113,6 +117,7 @@ class LookupLog:
                 cached_tokens=lookup.cached_tokens,
                 source=lookup.source,
                 diverged_at=lookup.diverged_at,
+                stored=lookup.stored,
                 before=lookup.before,
                 after=lookup.after,
                 rules=rules,

@@ -25,6 +25,10 @@ class PromptCache:
         self.hits = 0
         self.misses = 0
 
+    def __len__(self) -> int:
+        """Entries held (every model's: an engine serves one model at a time)."""
+        return len(self._lru)
+
     @property
     def enabled(self) -> bool:
         return self._settings.max_entries > 0
