@@ -204,12 +204,13 @@ class EngineCore:
 
     def fetch_cache(self, prompt: list[int]) -> Fetched:
         """The nearest cached prefix of ``prompt``, the tokens left to prefill, the match."""
-        if self.loaded is None or not self.prompt_cache.enabled:
+        if self.loaded is None:
             return Fetched(None, prompt, 0, "off")
-        stored = len(self.prompt_cache)
+        cache_on, stored = self.prompt_cache.enabled, len(self.prompt_cache)
         common = self.prompt_cache.common_prefix(self.loaded.key, prompt)
+        # Even a disabled cache is asked: in a cluster the lookup is a plan operation.
         cache, rest = self.prompt_cache.fetch(self.loaded.key, prompt)
-        return Fetched(cache, rest, common, stored=stored)
+        return Fetched(cache, rest, common, "ram" if cache_on else "off", stored)
 
     def admitted(self, row: Row, fetched: Fetched) -> None:
         """``row`` leaves the queue with ``fetched``: tell its client, keep the lookup."""
