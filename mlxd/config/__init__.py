@@ -35,6 +35,7 @@ from mlxd.config.sections import (
     SamplingSettings,
     Section,
     ServerSettings,
+    default_state_dir,
 )
 from mlxd.config.settings import SECTIONS, Settings, reload_class
 from mlxd.config.units import Bytes, KeepAlive, KvBudget, format_bytes, parse_bytes
@@ -62,6 +63,7 @@ __all__ = [
     "Section",
     "ServerSettings",
     "Settings",
+    "default_state_dir",
     "dump_toml",
     "format_bytes",
     "load_settings",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -22,6 +25,19 @@ class Section(BaseModel):
     """A config section: frozen, and unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def default_state_dir(platform: str = sys.platform, env: dict[str, str] | None = None) -> Path:
+    """Where mlxd keeps state by default: the platform's per-user state directory."""
+    env = dict(os.environ) if env is None else env
+    home = Path(env.get("HOME") or Path.home())
+    if platform == "darwin":
+        return home / "Library" / "Application Support" / "mlxd"
+    xdg = env.get("XDG_STATE_HOME")
+    # The XDG spec ignores a relative path.
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "mlxd"
+    return home / ".local" / "state" / "mlxd"
 
 
 _HOST_NAME = re.compile(r"^(\*|(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)$")
@@ -82,6 +98,20 @@ class ServerSettings(Section):
         "live",
         "Chat field that carries a reasoning model's thinking (message and delta).",
     )
+    state_dir: str | None = _field(
+        None,
+        "restart",
+        "Directory for state that outlives the process (the prompt cache's disk tier); "
+        "default: $XDG_STATE_HOME/mlxd or ~/.local/state/mlxd on Linux, "
+        "~/Library/Application Support/mlxd on macOS.",
+    )
+
+    @property
+    def state_path(self) -> Path:
+        """``state_dir``, or the platform's default when it is unset (never created here)."""
+        if self.state_dir:
+            return Path(self.state_dir).expanduser()
+        return default_state_dir()
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -168,7 +198,28 @@ class PromptCacheSettings(Section):
         "Byte cap of the prompt (prefix) cache; shrinks by the live batch's KV bytes.",
     )
     max_entries: int = _field(
-        10, "live", "Cached conversations kept; 0 disables the prompt cache.", ge=0
+        64,
+        "live",
+        "Entries kept (a conversation leaves a few: its checkpoints and its last turn); "
+        "0 disables the prompt cache.",
+        ge=0,
+    )
+    checkpoint_every: int = _field(
+        8192,
+        "live",
+        "Keep a checkpoint every this many prompt tokens while a long prompt is prefilled "
+        "(models whose cache cannot be rewound: hybrid, recurrent, sliding-window); 0: only "
+        "at the end of the system prefix and of the prompt.",
+        ge=0,
+    )
+    disk: bool = _field(
+        True, "live", "Keep prompt-cache entries on disk too, so they outlive restarts and unloads."
+    )
+    disk_dir: str | None = _field(
+        None, "live", "Directory of the disk tier; default: <[server] state_dir>/prompt-cache."
+    )
+    disk_max_bytes: Bytes = _field(
+        "16GiB", "live", "Byte cap of the disk tier's directory (least recently used go first)."
     )
     volatile_rules: list[VolatileRule] = _field(
         ["claude_billing_header"],

@@ -58,7 +58,7 @@ from mlxd.engine.messages import (
     Usage,
 )
 from mlxd.engine.policy.lanes import LaneDecision
-from mlxd.engine.snapshot import Snapshot
+from mlxd.engine.snapshot import RecentLookup, Snapshot
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.engine import Engine
@@ -98,6 +98,7 @@ __all__ = [
     "ModelState",
     "PenaltyParams",
     "Prompt",
+    "RecentLookup",
     "RequestHandle",
     "SamplingParams",
     "Snapshot",

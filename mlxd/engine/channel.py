@@ -63,10 +63,10 @@ class RequestHandle:
         return event
 
     async def admitted(self) -> Admitted | Failed:
-        """After :meth:`accepted`: wait until the request leaves the queue (or fails first).
+        """After :meth:`accepted`: wait until the request leaves its queue (or fails there).
 
-        :class:`Admitted` carries its prompt-cache lookup; a request cancelled
-        or refused while it waited ends with :class:`Failed` instead.
+        :class:`Admitted` carries the prompt-cache lookup; a handler that
+        does not call this sees it among :meth:`events` instead.
         """
         event = await self._channel.get()
         assert isinstance(event, Admitted | Failed), event

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Lane = Literal["batch", "serial"]
-# Where a request's cached prefix came from: the prompt cache in memory, the
-# disk tier, nowhere (a miss), or "off": the model's prompt cache is disabled.
-CacheSource = Literal["ram", "disk", "none", "off"]
 # Which HTTP API a request came in through (shown in /stats and the dashboard).
 Api = Literal["chat", "completions", "responses", "messages"]
 FinishReason = Literal["stop", "length", "tool_calls"]
+# Where a request's cached prompt prefix came from: the RAM tier, the disk tier,
+# nowhere (a miss), or nowhere because the model's prompt cache is off.
+CacheSource = Literal["ram", "disk", "none", "off"]
 
 
 @dataclass(frozen=True)
@@ -135,19 +135,32 @@ class Accepted:
 
 @dataclass(frozen=True)
 class CacheLookup:
-    """What the prompt-cache lookup found for one request, made when it is admitted.
+    """What the prompt-cache lookup of one admitted request found (docs/design.md).
 
-    ``cached_tokens`` of ``prompt_tokens`` were taken from ``source``.
-    ``diverged_at`` (on a partial hit or a miss; ``None`` on a full hit) is the
-    length of the longest prefix of the prompt that any stored entry shares:
-    the token index where the prompt left everything the cache held.
-    ``before`` and ``after`` are the prompt's text just before and after that
-    index (a few dozen characters each; prompt text: shown to admins only).
-    ``cached_tokens < diverged_at`` means a stored entry shared more than
-    could be reused (a cache that cannot be rewound to that point).
-    ``stored``: the entries the cache held for the model when it looked, so
-    "nothing was cached yet" reads apart from "the prompt changed". With the
-    cache disabled the source is ``off`` and there is no divergence point.
+    Made on the engine thread when the request is admitted (the moment its
+    prefix is taken from the cache and its prefill starts), so it is the
+    truth the usage fields report, not a prediction.
+
+    - ``prompt_tokens``: the prompt's length in tokens.
+    - ``cached_tokens``: prompt tokens served from a stored prefix (never
+      prefilled); at most ``prompt_tokens - 1``, since the last prompt token is
+      always run to produce the first sampled token.
+    - ``source``: where those tokens came from: ``ram``, ``disk``; ``none``
+      on a miss (``cached_tokens == 0``); ``off`` when the model's prompt
+      cache is disabled (``[prompt_cache] max_entries = 0``).
+    - ``diverged_at``: the token index where the prompt leaves the nearest
+      stored sequence (the stored prefix, RAM or disk, that shares the
+      longest run of leading tokens with it): ``0`` when nothing stored shares
+      even the first token (an empty cache included); ``None`` on a full hit
+      (everything but the last token served) and when the cache is off. It can exceed
+      ``cached_tokens``: a recurrent or sliding-window cache resumes only
+      from a checkpoint at or before the divergence.
+    - ``stored``: entries stored for this model when the lookup ran (RAM and
+      disk together), so "nothing was cached yet" reads apart from "the
+      prompt changed".
+    - ``before`` / ``after``: about 60 characters of decoded prompt text on
+      each side of ``diverged_at`` (empty when it is ``None``). Prompt text:
+      show it to admins only.
     """
 
     prompt_tokens: int
@@ -161,7 +174,14 @@ class CacheLookup:
 
 @dataclass(frozen=True)
 class Admitted:
-    """The request left the queue: its prefill starts from ``lookup.cached_tokens``."""
+    """The request left its queue: its prompt-cache lookup is done and its prefill starts.
+
+    Sent once per accepted request, after :class:`Accepted` and before its
+    first :class:`Delta` (a request cancelled or failed while queued gets a
+    :class:`Failed` instead). A streaming handler that wants the cached
+    count in its headers waits for it; :class:`Finished` carries the same
+    lookup for everyone else.
+    """
 
     lookup: CacheLookup
 
@@ -239,6 +259,8 @@ class Finished:
     timings: Timings
     # The stop string that ended generation, when one did (Anthropic reports it).
     stop_sequence: str | None = None
+    # The prompt-cache lookup made at admission (the same value Admitted carried).
+    lookup: CacheLookup | None = None
 
 
 ErrorCode = Literal[

@@ -1,8 +1,10 @@
 """The engine's state as one immutable value: the contract of /stats and the dashboard.
 
 The engine thread builds a :class:`Snapshot` after each step and swaps it in;
-readers take the current one without locking. Nothing here holds prompt text
-or secrets. ``as_dict`` is the JSON shape documented in docs/api.md.
+readers take the current one without locking. Nothing here holds secrets;
+the only prompt text is ``lookups`` (snippets around a prompt-cache
+divergence), which ``as_dict``, the JSON shape documented in docs/api.md,
+leaves out.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlxd.engine.cluster.status import ClusterStatus
+from mlxd.engine.messages import CacheLookup
 from mlxd.engine.policy.drain import DrainEvent
 
 
@@ -80,29 +83,6 @@ class BatchState:
 
 
 @dataclass(frozen=True)
-class LookupRecord:
-    """One request's prompt-cache lookup (``/stats`` ``prompt_cache.lookups``).
-
-    ``before`` and ``after`` are prompt text: the HTTP side blanks them for
-    readers without admin access.
-    """
-
-    at: float
-    model: str
-    request_id: str
-    api: str
-    prompt_tokens: int
-    cached_tokens: int
-    source: str  # ram | disk | none | off
-    diverged_at: int | None
-    stored: int
-    before: str
-    after: str
-    # The [prompt_cache] volatile_rules applied to the request.
-    rules: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class PromptCacheState:
     entries: int
     bytes: int
@@ -111,18 +91,42 @@ class PromptCacheState:
     hits: int
     misses: int
     cached_tokens_served: int
-    # Prompt tokens taken from the cache at admission, by tier.
+    # Prompt tokens admitted rows took from each tier (counted at admission).
     ram_tokens: int = 0
     disk_tokens: int = 0
-    # The disk tier and checkpoints (0 while they are off).
+    # Caches kept at a prompt's boundaries (system prefix, every checkpoint_every, prompt end).
     checkpoints: int = 0
+    # The disk tier: "on", "off" (configured off, or a cluster), "failed" (turned off by an error).
+    disk_state: str = "off"
+    disk_error: str | None = None
+    disk_dir: str | None = None
     disk_bytes: int = 0
+    disk_max_bytes: int = 0
     disk_entries: int = 0
+    disk_writes: int = 0
+    disk_hits: int = 0
     disk_corrupt: int = 0
-    # [prompt_cache] volatile_rules applied, by rule name.
+    disk_write_errors: int = 0
+    # [prompt_cache] volatile_rules applied to admitted requests, by rule name.
     rules: dict[str, int] = field(default_factory=dict)
-    # The last lookups, newest first.
-    lookups: tuple[LookupRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class RecentLookup:
+    """One admitted request's prompt-cache lookup, kept for /stats and the dashboard.
+
+    ``lookup.before``/``after`` are prompt text: admins only. The snapshot
+    keeps these outside :meth:`Snapshot.as_dict`, so nothing shows them
+    unless a route chooses to.
+    """
+
+    request_id: str
+    model: str
+    api: str
+    at: float
+    lookup: CacheLookup
+    # The [prompt_cache] volatile_rules that changed the request's prompt.
+    rules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,11 +154,14 @@ class Snapshot:
     history: dict[str, Any] = field(default_factory=dict)
     # The cluster section (docs/cluster.md); None on a single machine.
     cluster: ClusterStatus | None = None
+    # The last prompt-cache lookups, newest first; prompt text, so not in as_dict.
+    lookups: tuple[RecentLookup, ...] = ()
 
     def as_dict(self, now: float | None = None) -> dict[str, Any]:
-        """The JSON shape of ``GET /stats`` (docs/api.md)."""
+        """The JSON shape of ``GET /stats`` (docs/api.md); ``lookups`` is left out."""
         now = time.time() if now is None else now
         out = asdict(self)
+        del out["lookups"]
         out["uptime_s"] = round(now - self.started_at, 3)
         out["stalled"] = self.stalled(now)
         for row in out["rows"]:

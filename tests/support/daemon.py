@@ -60,6 +60,10 @@ class Daemon:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # Its own state (the prompt cache's disk tier): nothing leaks between daemons,
+        # and a restart of this one finds what it left.
+        state = (env or {}).get("MLXD_SERVER__STATE_DIR") or str(self.workdir / "state")
+        self.env["MLXD_SERVER__STATE_DIR"] = state
         # A PYTHONPATH of the test's own goes first; the one the tests run under
         # (a checkout other than the installed one) stays behind it.
         paths = [(env or {}).get("PYTHONPATH"), os.environ.get("PYTHONPATH")]

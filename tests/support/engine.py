@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,7 +16,6 @@ from mlxd.engine.chat.engine import Engine
 from mlxd.engine.messages import (
     Accepted,
     Admitted,
-    CacheLookup,
     Delta,
     Failed,
     Finished,
@@ -31,8 +32,9 @@ class Outcome:
     text: str = ""
     end: Finished | Failed | None = None
     deltas: list[Delta] = field(default_factory=list)
-    # What the prompt cache held for it (the Admitted event), once admitted.
-    lookup: CacheLookup | None = None
+    # The admission event (its prompt-cache lookup), and whether it came before any Delta.
+    admitted: Admitted | None = None
+    admitted_first: bool = False
 
     @property
     def ok(self) -> bool:
@@ -40,7 +42,10 @@ class Outcome:
 
 
 def make_engine(model_dir: Path, *, faults: bool = False, **sections: dict[str, Any]) -> Engine:
-    overrides = {"model": {"path": str(model_dir)}, **sections}
+    """A started engine on ``model_dir``, loaded; its state (disk tier) in a fresh directory."""
+    state = tempfile.mkdtemp(prefix="engine-", dir=os.environ.get("MLXD_SERVER__STATE_DIR"))
+    server = {"state_dir": state, **sections.pop("server", {})}
+    overrides = {"model": {"path": str(model_dir)}, "server": server, **sections}
     engine = Engine(load_settings(None, overrides=overrides), fault_injection=faults)
     engine.start()
     assert engine.wait_loaded(120), "model did not load"
@@ -73,7 +78,9 @@ async def consume(
         out.end = out.accepted
         return out
     async for event in handle.events():
-        if isinstance(event, Delta):
+        if isinstance(event, Admitted):
+            out.admitted, out.admitted_first = event, not out.deltas
+        elif isinstance(event, Delta):
             out.deltas.append(event)
             out.tokens.extend(event.token_ids)
             out.text += event.text
@@ -81,8 +88,6 @@ async def consume(
                 handle.cancel()
                 out.end = None
                 return out
-        elif isinstance(event, Admitted):
-            out.lookup = event.lookup
         else:
             out.end = event
     return out

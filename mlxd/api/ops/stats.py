@@ -11,6 +11,7 @@ with admin access only.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from litestar import Controller, Request, Response, get
@@ -21,6 +22,7 @@ from mlxd.api.http.access import admin_refusal, can_admin, can_read
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.state import AppState, Mlxd
 from mlxd.config import Settings
+from mlxd.engine import RecentLookup
 
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -52,28 +54,53 @@ def read_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
 def daemon_stats(state: AppState, now: float, *, admin: bool) -> dict[str, Any]:
     """The default chat model's snapshot with the daemon's ``config`` and ``reloads``.
 
-    ``admin``: the reader may see prompt text (the snippets of the prompt-cache
-    lookups); for anyone else they are ``None``.
+    ``prompt_cache.lookups`` are its last lookups; their prompt text (the
+    snippets around the divergence point) is there for ``admin`` readers
+    only, ``None`` for anyone else.
     """
-    body = {**state.engine.snapshot().as_dict(now), **state.reload_log.as_dict()}
-    if not admin:
-        hide_prompt_text(body.get("prompt_cache"))
+    snapshot = state.engine.snapshot()
+    body = {**snapshot.as_dict(now), **state.reload_log.as_dict()}
+    body["prompt_cache"]["lookups"] = lookups_json(snapshot.lookups, admin=admin)
     return body
 
 
 def fleet_stats(state: AppState, *, admin: bool) -> dict[str, Any]:
-    """``/stats`` ``fleet``: every model and the budget, prompt text only for admins."""
+    """``/stats`` ``fleet``: every model and the budget; each chat model's lookups, their
+    prompt text for admins only."""
     fleet = state.fleet.status().as_dict()
-    if not admin:
-        for model in fleet.get("models", []):
-            hide_prompt_text(model.get("engine", {}).get("prompt_cache"))
+    snapshots = state.fleet.snapshots()
+    for model in fleet.get("models", []):
+        prompt_cache = model.get("engine", {}).get("prompt_cache")
+        snapshot = snapshots.get(model["id"])
+        if prompt_cache is not None:
+            found = snapshot.lookups if snapshot is not None else ()
+            prompt_cache["lookups"] = lookups_json(found, admin=admin)
     return fleet
 
 
-def hide_prompt_text(prompt_cache: dict[str, Any] | None) -> None:
-    """Blank the prompt text of a prompt cache's lookups (the snippets around divergence)."""
-    for lookup in (prompt_cache or {}).get("lookups", []):
-        lookup["before"] = lookup["after"] = None
+def lookups_json(lookups: Sequence[RecentLookup], *, admin: bool) -> list[dict[str, Any]]:
+    """The ``prompt_cache.lookups`` of /stats (docs/api.md), newest first."""
+    out = []
+    for recent in lookups:
+        lookup = recent.lookup
+        out.append(
+            {
+                "at": recent.at,
+                "model": recent.model,
+                "request_id": recent.request_id,
+                "api": recent.api,
+                "prompt_tokens": lookup.prompt_tokens,
+                "cached_tokens": lookup.cached_tokens,
+                "source": lookup.source,
+                "diverged_at": lookup.diverged_at,
+                "stored": lookup.stored,
+                # Prompt text: admins only.
+                "before": lookup.before if admin else None,
+                "after": lookup.after if admin else None,
+                "rules": list(recent.rules),
+            }
+        )
+    return out
 
 
 class StatsController(Controller):

@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from mlxd.config import BatchSettings
+from mlxd.engine.chat.checkpoints import segments
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.sampling import (
@@ -38,6 +39,16 @@ class TokenOut:
     all_tokens: list[int] | None
 
 
+@dataclass
+class Checkpoint:
+    """A row's cache at one of its prompt's boundaries, taken during prefill."""
+
+    row: Row
+    tokens: list[int]
+    cache: list[Any]
+    kind: Any
+
+
 class BatchLane:
     """The rows mlxd admitted to the batch, and the generator that steps them."""
 
@@ -46,6 +57,8 @@ class BatchLane:
         self._faults = faults
         self._gen = self._make_generator(settings)
         self.rows: dict[int, Row] = {}
+        # The checkpoints the last step took (the engine stores them).
+        self.checkpoints: list[Checkpoint] = []
 
     def _make_generator(self, settings: BatchSettings) -> BatchGenerator:
         eos = sorted(self._loaded.tokenizer.eos_token_ids)
@@ -74,11 +87,17 @@ class BatchLane:
         return self._gen.prompt_cache_nbytes
 
     def insert(self, row: Row, cache: list[Any] | None, rest: list[int]) -> None:
-        """Hand an admitted row to the generator, starting from ``cache`` if any."""
+        """Hand an admitted row to the generator, starting from ``cache`` if any.
+
+        The prompt is cut at ``row.checkpoints`` (positions past the cached
+        prefix): the generator stops at each cut, where :meth:`step` takes a
+        copy of the row's cache.
+        """
         sampler = build_sampler(row.request, self._loaded.info.vocab_size)
         processors = build_processors(row.request, faults=self._faults, constraint=row.matcher)
-        (uid,) = self._gen.insert(
-            [rest],
+        start = len(row.prompt) - len(rest)
+        (uid,) = self._gen.insert_segments(
+            [segments(rest, start, [p for p, _ in row.checkpoints])],
             max_tokens=[row.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[row.prompt[: len(row.prompt) - len(rest)]] if cache is not None else None,
@@ -95,11 +114,16 @@ class BatchLane:
     def step(self) -> list[TokenOut]:
         """One generator step: a decode step for running rows, a prefill chunk for joiners."""
         prompt_responses, gen_responses = self._gen.next()
+        marks = []
         for r in prompt_responses:
             row = self.rows.get(r.uid)
             if row is not None and row.first_token_mono is None:
                 row.phase = "prefill"
                 row.prefill_done = r.progress[0]
+                reached = len(row.prompt) - row.prefill_total + r.progress[0]
+                if r.end_of_segment and row.checkpoints and row.checkpoints[0][0] == reached:
+                    marks.append(r.uid)
+        self.checkpoints = self._checkpoints(marks) if marks else []
         out = []
         for r in gen_responses:
             row = self.rows.get(r.uid)
@@ -110,6 +134,19 @@ class BatchLane:
             out.append(
                 TokenOut(row, r.token, r.logprobs, r.finish_reason, r.prompt_cache, r.all_tokens)
             )
+        return out
+
+    def _checkpoints(self, uids: list[int]) -> list[Checkpoint]:
+        out = []
+        for uid, (cache, tokens) in self._gen.extract_cache(uids).items():
+            row = self.rows[uid]
+            position, kind = row.checkpoints.pop(0)
+            if len(tokens) != position:  # never expected: the generator's cut moved
+                logger.warning(
+                    "a checkpoint of %s held %d tokens, not %d", row.id, len(tokens), position
+                )
+                continue
+            out.append(Checkpoint(row, list(tokens), cache, kind))
         return out
 
     def remove(self, rows: list[Row], *, return_caches: bool = False) -> dict[int, Any]:

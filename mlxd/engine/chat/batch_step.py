@@ -58,7 +58,7 @@ def admit(core: EngineCore) -> None:
             return
         core.pending.popleft()
         row.prefetched = None
-        core.admitted(row, fetched)
+        core.admit_lookup(row, fetched)
         try:
             batch.insert(row, cache, rest)
         except Exception as exc:
@@ -82,6 +82,9 @@ def step(core: EngineCore) -> None:
         return
     core.counters.prefill_seconds += stats.prompt_time
     core.counters.decode_seconds += stats.decode_time
+    for taken in batch.checkpoints:
+        core.store_checkpoint(taken.tokens, taken.cache, taken.kind)
+    batch.checkpoints = []
     core.last_step_wall = time.time()
     early: list[Row] = []
     for out in outs:

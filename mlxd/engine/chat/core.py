@@ -11,24 +11,34 @@ installing and releasing a model.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from mlxd.config import Settings
 from mlxd.engine.channel import Channel
+from mlxd.engine.chat import checkpoints
 from mlxd.engine.chat.batch import BatchLane
 from mlxd.engine.chat.counters import Counters, Peaks, Throughput
 from mlxd.engine.chat.hooks import ClusterHooks
 from mlxd.engine.chat.loading import LoadedModel
-from mlxd.engine.chat.lookups import Fetched, LookupLog, make_lookup
+from mlxd.engine.chat.prompt_cache import Fetched, Kind
+from mlxd.engine.chat.prompt_disk import DiskTier, model_identity
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.serial import SerialRun
 from mlxd.engine.fleet.memory import MemoryPool
-from mlxd.engine.messages import ErrorCode, Failed
+from mlxd.engine.messages import Admitted, ErrorCode, Failed
 from mlxd.engine.policy import admission
 from mlxd.engine.policy.drain import DrainLog, Turn
+from mlxd.engine.snapshot import RecentLookup
+
+logger = logging.getLogger(__name__)
+
+# Lookups kept for /stats and the dashboard (newest first).
+RECENT_LOOKUPS = 32
 
 
 class EngineCore:
@@ -76,8 +86,10 @@ class EngineCore:
         self.prompt_cache = hooks.make_prompt_cache(
             settings.prompt_cache, lambda: self.settings.batch
         )
+        self.lookups: deque[RecentLookup] = deque(maxlen=RECENT_LOOKUPS)
+        # [prompt_cache] volatile_rules applied to admitted requests, by rule.
+        self.rule_counts: dict[str, int] = {}
         self.drains = DrainLog()
-        self.lookups = LookupLog()
         self.counters = Counters()
         self.throughput = Throughput()
         self.peaks = Peaks()
@@ -123,16 +135,24 @@ class EngineCore:
         if self.batch is not None:
             self.batch.close()
             self.batch = None
+        self.prompt_cache.detach_disk()  # the old model's entries go to disk first
+        self.prompt_cache.clear()
         self.loaded = loaded
         self.model_status = "ready"
         self.model_error = None
-        self.prompt_cache.clear()
+        self.prompt_cache.attach_disk(self._open_disk())
         self.budget_bytes = self._budget()
 
     def apply(self, settings: Settings) -> None:
         """Apply policy keys between two steps; rows already running keep running."""
+        before = _disk_key(self.settings)
         self.settings = settings
-        self.prompt_cache.configure(settings.prompt_cache, self.live_bytes())
+        new = settings.prompt_cache
+        disk = self.prompt_cache.disk
+        if before != _disk_key(settings) or (disk is not None and disk.state != "on"):
+            self.prompt_cache.detach_disk()
+            self.prompt_cache.attach_disk(self._open_disk())
+        self.prompt_cache.configure(new, self.live_bytes())
         if self.batch is not None:
             self.batch.configure(settings.batch)
         self.budget_bytes = self._budget()
@@ -148,8 +168,9 @@ class EngineCore:
             self.batch.close()
         self.batch = None
         self.serial = None
-        self.loaded = None
+        self.prompt_cache.detach_disk()  # what RAM holds goes to disk before it is dropped
         self.prompt_cache.clear()
+        self.loaded = None
 
     # ------------------------------------------------------------ KV budget
 
@@ -203,26 +224,74 @@ class EngineCore:
     # ------------------------------------------------------------ prompt cache
 
     def fetch_cache(self, prompt: list[int]) -> Fetched:
-        """The nearest cached prefix of ``prompt``, the tokens left to prefill, the match."""
+        """The nearest cached prefix of ``prompt`` (RAM or disk) and the tokens left to prefill."""
         if self.loaded is None:
-            return Fetched(None, prompt, 0, "off")
-        cache_on, stored = self.prompt_cache.enabled, len(self.prompt_cache)
-        common = self.prompt_cache.common_prefix(self.loaded.key, prompt)
-        # Even a disabled cache is asked: in a cluster the lookup is a plan operation.
-        cache, rest = self.prompt_cache.fetch(self.loaded.key, prompt)
-        return Fetched(cache, rest, common, "ram" if cache_on else "off", stored)
+            return Fetched(None, prompt, "none", 0, 0)
+        fetched = self.prompt_cache.fetch(prompt)
+        if fetched.source == "disk":  # what was read is kept in RAM too: back under the cap
+            self.prompt_cache.trim(self.live_bytes())
+        return fetched
 
-    def admitted(self, row: Row, fetched: Fetched) -> None:
-        """``row`` leaves the queue with ``fetched``: tell its client, keep the lookup."""
-        lookup = make_lookup(row.prompt, fetched, row.tokenizer)
-        row.admitted(lookup)
-        model = self.loaded.info.id if self.loaded is not None else ""
-        self.lookups.add(model, row.id, row.request.api, lookup, row.request.prompt_rules)
+    def admit_lookup(self, row: Row, fetched: Fetched) -> None:
+        """``row`` leaves its queue from ``fetched``: tell its client, remember the lookup.
+
+        Also plans the checkpoints its prefill keeps (``row.checkpoints``).
+        """
+        loaded = self.loaded
+        assert loaded is not None
+        cached = len(row.prompt) - len(fetched.rest)
+        row.admitted(cached)
+        lookup = checkpoints.lookup(fetched, row.prompt, loaded.tokenizer)
+        row.lookup = lookup
+        row.channel.push(Admitted(lookup))
+        self.lookups.appendleft(
+            RecentLookup(
+                row.id,
+                loaded.info.id,
+                row.request.api,
+                time.time(),
+                lookup,
+                row.request.prompt_rules,
+            )
+        )
+        for rule in row.request.prompt_rules:
+            self.rule_counts[rule] = self.rule_counts.get(rule, 0) + 1
+        s = self.settings.prompt_cache
+        if loaded.rewindable or not self.prompt_cache.enabled or not self.hooks.checkpoints:
+            row.checkpoints = []
+            return
+        row.checkpoints = checkpoints.plan(
+            len(row.prompt),
+            cached,
+            system_end=row.system_end,
+            prompt_end=row.prompt_end,
+            every=s.checkpoint_every,
+        )
+
+    def store_checkpoint(self, tokens: list[int], cache: list[Any], kind: Kind) -> None:
+        """Keep a cache taken at a prompt boundary while it was prefilled."""
+        if self.loaded is not None:
+            self.prompt_cache.store(tokens, cache, self.live_bytes(), kind)
 
     def store_cache(self, tokens: list[int] | None, cache: list[Any] | None) -> None:
         """Keep a finished row's cache for the prompts that share its prefix."""
         if self.loaded is not None:
-            self.prompt_cache.store(self.loaded.key, tokens, cache, self.live_bytes())
+            self.prompt_cache.store(tokens, cache, self.live_bytes())
+
+    def _open_disk(self) -> DiskTier | None:
+        """The loaded model's disk tier, when the settings and the machines allow one."""
+        s, loaded = self.settings.prompt_cache, self.loaded
+        on, root = _disk_key(self.settings)
+        if loaded is None or not on or not self.hooks.disk_tier:
+            return None
+        try:
+            identity = model_identity(loaded.info.path, loaded.info.dtype, loaded.cache_classes)
+            return DiskTier(
+                root, identity, s.disk_max_bytes, name=f"mlxd-disk-{self.pool_id or 'model'}"
+            )
+        except Exception as exc:  # an unreadable model directory, a broken disk: RAM only
+            logger.warning("the prompt cache's disk tier is off: %s", exc)
+            return None
 
     # ------------------------------------------------------------ cancel
 
@@ -292,3 +361,13 @@ class EngineCore:
         for queue in (self.pending, self.serial_queue):
             while queue:
                 self.fail(queue.popleft(), message, code=code, status=status)
+
+
+def _disk_key(settings: Settings) -> tuple[bool, Path]:
+    """Whether the disk tier is on, and its directory (a change of either reopens it)."""
+    s = settings.prompt_cache
+    on = s.disk and s.disk_max_bytes > 0 and s.max_entries > 0 and s.max_bytes > 0
+    root = (
+        Path(s.disk_dir).expanduser() if s.disk_dir else settings.server.state_path / "prompt-cache"
+    )
+    return on, root

@@ -370,6 +370,7 @@ class EngineThread:
             else:
                 state = "ready"
         core.sample_peaks()
+        core.prompt_cache.collect()  # what the disk writer finished since the last step
         hooks = self._hooks
         self.snapshot = build_snapshot(core, state=hooks.state(state), cluster=hooks.status())
 

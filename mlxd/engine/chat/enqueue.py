@@ -99,6 +99,7 @@ def prepare_queued_again(core: EngineCore) -> None:
             row.text = TextStream(loaded.tokenizer.detokenizer, row.request.stop)
             row.output = make_output(loaded, row.request, prepared.phase)
             row.matcher = prepared.constraint
+            row.system_end, row.prompt_end = prepared.system_end, prepared.prompt_end
             row.prefetched = None
     if not loaded.capabilities.batchable:
         while core.pending:
@@ -150,4 +151,6 @@ def _row(
         received_mono=now_mono,
         received_wall=now_wall,
         extent=prepared.extent,
+        system_end=prepared.system_end,
+        prompt_end=prepared.prompt_end,
     )

@@ -18,7 +18,7 @@ from mlxd.engine.chat.batch import BatchLane
 from mlxd.engine.chat.loading import LoadedModel, load_model
 from mlxd.engine.chat.prompt_cache import PromptCache
 from mlxd.engine.chat.row import Row
-from mlxd.engine.chat.serial import SerialRun
+from mlxd.engine.chat.serial import OnCheckpoint, SerialRun
 from mlxd.engine.cluster.status import ClusterStatus
 from mlxd.engine.messages import Failed
 
@@ -32,6 +32,16 @@ class ClusterHooks(Protocol):
     @property
     def heartbeat_s(self) -> float:
         """The longest the idle engine thread may wait before :meth:`idle` runs again."""
+        ...
+
+    @property
+    def checkpoints(self) -> bool:
+        """Whether prefills keep prompt-cache checkpoints (every rank must cut alike)."""
+        ...
+
+    @property
+    def disk_tier(self) -> bool:
+        """Whether the prompt cache may keep entries on this machine's disk."""
         ...
 
     def run(self, serve: Callable[[], None], halt: Halt) -> None:
@@ -70,6 +80,7 @@ class ClusterHooks(Protocol):
         prefill_step_size: int,
         pump: Callable[[], None],
         faults: bool,
+        on_checkpoint: OnCheckpoint | None = None,
     ) -> SerialRun:
         """The serial run of ``row``, from ``cache`` with ``rest`` left to prefill."""
         ...
@@ -97,6 +108,8 @@ class OneMachine:
     """The hooks of an engine alone on this machine: load here, step alone, never lost."""
 
     heartbeat_s = math.inf
+    checkpoints = True
+    disk_tier = True
 
     def run(self, serve: Callable[[], None], halt: Halt) -> None:
         serve()
@@ -128,9 +141,17 @@ class OneMachine:
         prefill_step_size: int,
         pump: Callable[[], None],
         faults: bool,
+        on_checkpoint: OnCheckpoint | None = None,
     ) -> SerialRun:
         return SerialRun(
-            loaded, row, cache, rest, prefill_step_size=prefill_step_size, pump=pump, faults=faults
+            loaded,
+            row,
+            cache,
+            rest,
+            prefill_step_size=prefill_step_size,
+            pump=pump,
+            faults=faults,
+            on_checkpoint=on_checkpoint,
         )
 
     def make_prompt_cache(

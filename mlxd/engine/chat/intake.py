@@ -11,10 +11,14 @@ again (docs/design.md, "Where tokenizing happens").
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from mlxd.config import Settings
+from mlxd.engine.chat import checkpoints
 from mlxd.engine.chat.grammar import ConstraintProcessor, GrammarError
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.output import initial_phase
@@ -55,6 +59,18 @@ def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
     return list(hf.encode(text, add_special_tokens=special))
 
 
+def render(
+    tokenizer: Any, prompt: ChatPrompt, messages: tuple[dict, ...], *, generation: bool
+) -> str:
+    """``messages`` through the chat template, with ``prompt``'s tools and template variables."""
+    kwargs = dict(prompt.template_kwargs)
+    if prompt.tools:
+        kwargs["tools"] = [dict(t) for t in prompt.tools]
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tokenize=False, add_generation_prompt=generation, **kwargs
+    )
+
+
 def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
     """The prompt's token ids.
 
@@ -65,15 +81,9 @@ def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
     tokenizer = loaded.tokenizer
     prompt = request.prompt
     if isinstance(prompt, ChatPrompt):
-        messages = [dict(m) for m in prompt.messages]
         if tokenizer.has_chat_template:
-            kwargs = dict(prompt.template_kwargs)
-            if prompt.tools:
-                kwargs["tools"] = [dict(t) for t in prompt.tools]
             try:
-                text = tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True, **kwargs
-                )
+                text = render(tokenizer, prompt, prompt.messages, generation=True)
             except Exception as exc:  # jinja2 TemplateError and friends
                 raise IntakeError(
                     f"the model's chat template rejected these messages: {exc}", param="messages"
@@ -118,6 +128,9 @@ class Prepared:
     phase: str = "normal"
     # The row's grammar, as a logits processor (mlxd.engine.chat.grammar).
     constraint: Any = None
+    # Where the system prefix and the reusable prompt end (mlxd.engine.chat.checkpoints).
+    system_end: int | None = None
+    prompt_end: int | None = None
 
 
 def check_tools(loaded: LoadedModel, request: GenerationRequest) -> Failed | None:
@@ -196,7 +209,75 @@ def prepare(
         processor = constraint_processor(loaded, request.constraint, phase)
         if isinstance(processor, Failed):
             return processor
-    return Prepared(prompt, max_tokens, decision, extent, phase, processor)
+    system_end, prompt_end = None, len(prompt) - 1
+    if isinstance(request.prompt, ChatPrompt):
+        system_end = system_prefix_end(loaded, request.prompt, prompt)
+        prompt_end = checkpoints.prompt_end(loaded.tokenizer, prompt)
+    return Prepared(prompt, max_tokens, decision, extent, phase, processor, system_end, prompt_end)
+
+
+_SYSTEM_ROLES = ("system", "developer")
+
+
+def system_prefix_end(loaded: LoadedModel, prompt: ChatPrompt, ids: list[int]) -> int | None:
+    """Where the system/developer messages and the tool schemas end in ``ids``, or None.
+
+    The template renders them followed by an empty user message, as
+    mlx_lm.server does; the tokens both renderings share are the prefix every
+    conversation with these instructions and tools starts with. A template
+    that refuses that rendering just gets no such checkpoint.
+    """
+    tokenizer = loaded.tokenizer
+    leading = 0
+    for message in prompt.messages:
+        if message.get("role") not in _SYSTEM_ROLES:
+            break
+        leading += 1
+    if not tokenizer.has_chat_template or (leading == 0 and not prompt.tools):
+        return None
+    messages = (*prompt.messages[:leading], {"role": "user", "content": ""})
+    try:
+        text = render(tokenizer, prompt, messages, generation=False)
+        system_ids = _SYSTEM_IDS.get(tokenizer, text)
+        if system_ids is None:
+            system_ids = encode(tokenizer, text, special=False)
+            _SYSTEM_IDS.put(tokenizer, text, system_ids)
+    except Exception:  # the template wants more than a system part: no checkpoint there
+        return None
+    return checkpoints.system_end(ids, system_ids)
+
+
+class _Tokenized:
+    """The last few system parts' token ids: an agent resends the same one every turn.
+
+    Tokenizing a 30k-token system prompt a second time costs as much as the
+    prompt itself (about 0.3 s on a 2-core x86 box); rendering it and looking
+    it up costs milliseconds. Shared by the intake thread and the engine
+    thread (a swap prepares queued requests again), hence the lock.
+    """
+
+    def __init__(self, size: int):
+        self._size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[weakref.ref[Any], list[int]]] = OrderedDict()
+
+    def get(self, tokenizer: Any, text: str) -> list[int] | None:
+        with self._lock:
+            found = self._entries.get(text)
+            if found is None or found[0]() is not tokenizer:
+                return None
+            self._entries.move_to_end(text)
+            return found[1]
+
+    def put(self, tokenizer: Any, text: str, ids: list[int]) -> None:
+        with self._lock:
+            self._entries[text] = (weakref.ref(tokenizer), ids)
+            self._entries.move_to_end(text)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+
+_SYSTEM_IDS = _Tokenized(16)
 
 
 def constraint_processor(loaded: LoadedModel, constraint: Constraint, phase: str) -> Any:

@@ -51,6 +51,10 @@ class LoadedModel:
     key: str
     # llguidance's tokenizer and compiled-grammar cache (mlxd.engine.chat.grammar).
     grammars: Grammars | None = None
+    # make_prompt_cache's top-level classes, one per layer (a disk entry must match them).
+    cache_classes: tuple[str, ...] = ()
+    # Every layer's cache can be cut back to any prefix (KVCache): no checkpoints needed.
+    rewindable: bool = False
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
@@ -99,8 +103,17 @@ def _flatten(caches: list[Any]) -> list[Any]:
     return out
 
 
-def _capabilities(model: Any) -> Capabilities:
-    caches = make_prompt_cache(model)
+# Caches that can be cut back to any shorter prefix, whatever they hold.
+_REWINDABLE = {"KVCache", "QuantizedKVCache", "ConcatenateKVCache"}
+
+
+def cache_facts(caches: list[Any]) -> tuple[tuple[str, ...], bool]:
+    """A fresh cache's layer classes, and whether every one of them can be rewound."""
+    classes = tuple(type(c).__name__ for c in caches)
+    return classes, all(type(c).__name__ in _REWINDABLE for c in _flatten(caches))
+
+
+def _capabilities(caches: list[Any]) -> Capabilities:
     missing = sorted({type(c).__name__ for c in _flatten(caches) if not hasattr(type(c), "merge")})
     if missing:
         return Capabilities(False, f"caches without batch support: {', '.join(missing)}")
@@ -220,7 +233,9 @@ def load_model(
         tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0),
     )
     layout, logits_width = measure_layout(model)
-    capabilities = _capabilities(model)
+    fresh = make_prompt_cache(model)
+    capabilities = _capabilities(fresh)
+    cache_classes, rewindable = cache_facts(fresh)
     grammars = _grammars(tokenizer, logits_width)
     # Every id must index both the tokenizer and the model's embedding/logits.
     vocab = min(len(tokenizer), logits_width)
@@ -262,6 +277,8 @@ def load_model(
         weights_bytes=weights,
         key=f"{path}#{generation}",
         grammars=grammars,
+        cache_classes=cache_classes,
+        rewindable=rewindable,
     )
 
 

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import mlx.core as mx
 
 from mlxd.engine.channel import Channel
-from mlxd.engine.chat.lookups import Fetched
 from mlxd.engine.chat.output import OutputSplitter, Split
 from mlxd.engine.chat.stops import TextStream
 from mlxd.engine.messages import (
-    Admitted,
     CacheLookup,
     Delta,
     Failed,
@@ -32,6 +30,9 @@ from mlxd.engine.messages import (
     Usage,
 )
 from mlxd.engine.policy.admission import RowExtent
+
+if TYPE_CHECKING:
+    from mlxd.engine.chat.prompt_cache import Fetched, Kind
 
 Phase = Literal["pending", "queued", "prefill", "decode"]
 _NO_EXTENT = RowExtent(0)
@@ -63,7 +64,12 @@ class Row:
     generated_ids: list[int] = field(default_factory=list)
     # The head of the pending queue keeps its prompt-cache lookup while it waits.
     prefetched: Fetched | None = None
-    # What that lookup found, once admitted.
+    # Where the system prefix and the reusable prompt end (intake; None: no such point).
+    system_end: int | None = None
+    prompt_end: int | None = None
+    # Checkpoints still to take while prefilling: (position, kind), in order.
+    checkpoints: list[tuple[int, Kind]] = field(default_factory=list)
+    # The prompt-cache lookup made at admission.
     lookup: CacheLookup | None = None
     admitted_mono: float | None = None
     first_token_mono: float | None = None
@@ -78,14 +84,11 @@ class Row:
     def id(self) -> str:
         return self.request.id
 
-    def admitted(self, lookup: CacheLookup) -> None:
-        """The row leaves the queue; its client learns what the prompt cache held."""
+    def admitted(self, cached_tokens: int) -> None:
         self.admitted_mono = time.monotonic()
-        self.lookup = lookup
-        self.cached_tokens = lookup.cached_tokens
-        self.prefill_total = len(self.prompt) - lookup.cached_tokens
+        self.cached_tokens = cached_tokens
+        self.prefill_total = len(self.prompt) - cached_tokens
         self.phase = "queued" if self.lane == "batch" else "prefill"
-        self.channel.push(Admitted(lookup))
 
     def push_token(self, token: int, logprobs: mx.array | None, *, is_eos: bool) -> bool:
         """Emit one sampled token; return True when a stop string ended the row."""
@@ -128,7 +131,13 @@ class Row:
         final: FinishReason = reason
         if reason == "stop" and self.output.calls:
             final = "tool_calls"
-        event = Finished(final, self.usage(), self.timings(), stop_sequence=self.text.matched)
+        event = Finished(
+            final,
+            self.usage(),
+            self.timings(),
+            stop_sequence=self.text.matched,
+            lookup=self.lookup,
+        )
         self.channel.push(event)
         return event
 

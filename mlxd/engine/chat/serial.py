@@ -3,21 +3,26 @@
 The engine advances a :class:`SerialRun` one token per loop iteration, so
 cancels, snapshots and control calls still happen between tokens. The prompt
 prefill runs inside the first advance; its progress callback lets the engine
-keep its inbox and snapshot moving (and abort) during a long prompt.
+keep its inbox and snapshot moving (and abort) during a long prompt. A prompt
+with checkpoints (``row.checkpoints``) is prefilled a segment at a time, the
+cache copied at each cut (:mod:`.checkpoints`), and only its last segment
+goes to ``generate_step``.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxd.engine.chat.checkpoints import segments
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.sampling import (
@@ -28,6 +33,9 @@ from mlxd.engine.chat.sampling import (
 )
 
 logger = logging.getLogger(__name__)
+
+# Called with a checkpoint's tokens, a copy of the cache there, and its kind.
+OnCheckpoint = Callable[[list[int], list[Any], Any], None]
 
 Ended = Literal["stop", "length", "cancelled", "failed"]
 
@@ -67,25 +75,69 @@ class SerialRun:
         prefill_step_size: int,
         pump: Callable[[], None],
         faults: bool = False,
+        on_checkpoint: OnCheckpoint | None = None,
     ):
         self.row = row
         self._pump = pump
+        self._model = loaded.model
+        self._step_size = prefill_step_size
+        self._on_checkpoint = on_checkpoint
         self.cache = cache if cache is not None else make_prompt_cache(loaded.model)
         sampler = build_sampler(row.request, loaded.info.vocab_size)
         processors = build_processors(row.request, faults=faults, constraint=row.matcher)
         if row.request.sampling.seed is not None:
             # The serial lane runs alone, so the global generator is this row's.
             mx.random.seed(row.request.sampling.seed)
-        self._steps = generate_step(
-            mx.array(rest),
+        start = len(row.prompt) - len(rest)
+        marks = list(row.checkpoints) if on_checkpoint is not None else []
+        parts = segments(rest, start, [p for p, _ in marks])
+        last = parts[-1]
+        # generate_step shows its processors only the tokens it is given: give
+        # them the whole prompt, as the batch lane does.
+        guarded = [guard_processor(row, p) for p in processors]
+        before = row.prompt[: len(row.prompt) - len(last)]
+        if guarded and before:
+            guarded = [_with_history(before, p) for p in guarded]
+        self._done = 0
+        self._total = len(rest)
+        self._steps = self._generate(parts[:-1], marks, start)
+        self._tail = generate_step(
+            mx.array(last),
             loaded.model,
             max_tokens=row.max_tokens,
             sampler=guard_sampler(row, sampler) if sampler else None,
-            logits_processors=[guard_processor(row, p) for p in processors] or None,
+            logits_processors=guarded or None,
             prompt_cache=self.cache,
             prefill_step_size=prefill_step_size,
-            prompt_progress_callback=self._progress,
+            prompt_progress_callback=self._tail_progress,
         )
+
+    def _generate(
+        self, parts: list[list[int]], marks: list[tuple[int, Any]], start: int
+    ) -> Generator[tuple[Any, Any], None, None]:
+        at = start
+        for part, (position, kind) in zip(parts, marks, strict=True):
+            self._prefill(part)
+            at += len(part)
+            assert at == position
+            assert self._on_checkpoint is not None
+            # Copies share the arrays (MLX arrays are values); the run's own cache goes on.
+            self._on_checkpoint(self.row.prompt[:position], copy.deepcopy(self.cache), kind)
+        yield from self._tail
+
+    def _prefill(self, tokens: list[int]) -> None:
+        """Prefill a segment in ``prefill_step_size`` chunks, as generate_step does."""
+        with mx.stream(generation_stream):
+            while tokens:
+                chunk, tokens = tokens[: self._step_size], tokens[self._step_size :]
+                self._model(mx.array(chunk)[None], cache=self.cache)
+                mx.eval([c.state for c in self.cache])
+                self._done += len(chunk)
+                self._progress(self._done, self._total)
+                mx.clear_cache()
+
+    def _tail_progress(self, done: int, total: int) -> None:
+        self._progress(self._done + done, self._total)
 
     @property
     def nbytes(self) -> int:
@@ -152,3 +204,13 @@ class SerialRun:
 
     def close(self) -> None:
         self._steps.close()
+        self._tail.close()
+
+
+def _with_history(before: list[int], processor: Any) -> Any:
+    history = mx.array(before)
+
+    def processor_with_history(tokens: mx.array, logits: mx.array) -> mx.array:
+        return processor(mx.concatenate([history, tokens]), logits)
+
+    return processor_with_history

@@ -20,18 +20,18 @@ def start(core: EngineCore, row: Row) -> None:
     loaded = core.loaded
     assert loaded is not None
     fetched = core.fetch_cache(row.prompt)
-    cache, rest = fetched.cache, fetched.rest
-    core.admitted(row, fetched)
+    core.admit_lookup(row, fetched)
     core.last_turn = "serial"
     try:
         core.serial = core.hooks.make_serial_run(
             loaded,
             row,
-            cache,
-            rest,
+            fetched.cache,
+            fetched.rest,
             prefill_step_size=core.settings.batch.prefill_step_size,
             pump=core.pump,
             faults=core.faults,
+            on_checkpoint=core.store_checkpoint if row.checkpoints else None,
         )
     except Exception as exc:
         logger.exception("starting %s", row.id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mlxd.engine.cluster.status import ClusterStatus
@@ -131,7 +132,9 @@ def build_snapshot(
         rows=tuple(rows),
         pending=tuple(pending),
         drains=core.drains.events(),
-        prompt_cache=core.prompt_cache.state(core.counters.cached_tokens, core.lookups),
+        prompt_cache=replace(
+            core.prompt_cache.state(core.counters.cached_tokens), rules=dict(core.rule_counts)
+        ),
         counters={
             **core.counters.as_dict(),
             "drains": core.drains.total,
@@ -146,4 +149,5 @@ def build_snapshot(
         history=core.peaks.history(wall),
         busy=core.busy or core.intaking > 0,
         cluster=cluster,
+        lookups=tuple(core.lookups),
     )

@@ -24,7 +24,7 @@ from mlxd.engine.chat.hooks import Halt
 from mlxd.engine.chat.loading import LoadedModel, load_model
 from mlxd.engine.chat.prompt_cache import PromptCache
 from mlxd.engine.chat.row import Row
-from mlxd.engine.chat.serial import SerialRun
+from mlxd.engine.chat.serial import OnCheckpoint, SerialRun
 from mlxd.engine.cluster.join import ClusterError
 from mlxd.engine.cluster.leader import Leader
 from mlxd.engine.cluster.plan import PeerLost
@@ -46,6 +46,10 @@ class LeaderHooks:
     """
 
     heartbeat_s = HEARTBEAT_S
+    # Every rank would have to cut its prefills alike and store the same
+    # checkpoints; a cluster keeps finished rows only, and RAM only (docs/cluster.md).
+    checkpoints = False
+    disk_tier = False
 
     def __init__(self, leader: Leader, *, on_fatal: Callable[[str, int], None]):
         self._leader = leader
@@ -106,7 +110,9 @@ class LeaderHooks:
         prefill_step_size: int,
         pump: Callable[[], None],
         faults: bool,
+        on_checkpoint: OnCheckpoint | None = None,
     ) -> SerialRun:
+        # No checkpoints in a cluster (see ``checkpoints`` above): on_checkpoint stays unused.
         return self._leader.serial_run(
             loaded, row, cache, rest, prefill_step_size=prefill_step_size, pump=pump, faults=faults
         )

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from mlxd.config import BatchSettings, PromptCacheSettings
 from mlxd.engine.chat.batch import BatchLane, TokenOut
 from mlxd.engine.chat.loading import LoadedModel
-from mlxd.engine.chat.prompt_cache import PromptCache
+from mlxd.engine.chat.prompt_cache import Entry, Fetched, Kind, PromptCache
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.serial import SerialRun, SerialStep
 from mlxd.engine.cluster.plan import (
@@ -166,24 +166,34 @@ class MirroredPromptCache(PromptCache):
         super().configure(settings, live_bytes)
         self._trimmed()
 
-    def fetch(self, model_key: str, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
-        cache, rest = super().fetch(model_key, prompt)
-        self._leader.record(Fetch(list(prompt), len(prompt) - len(rest)))
-        return cache, rest
+    def fetch(self, prompt: list[int]) -> Fetched:
+        fetched = super().fetch(prompt)
+        self._leader.record(Fetch(list(prompt), len(prompt) - len(fetched.rest)))
+        return fetched
+
+    def _keep(
+        self, tokens: list[int], cache: list[Any], kind: Kind, *, on_disk: bool = False
+    ) -> Entry | None:
+        entry = super()._keep(tokens, cache, kind, on_disk=on_disk)
+        if entry is not None:
+            self._leader.record(Store(len(tokens), tokens_crc(list(tokens))))
+        return entry
 
     def store(
-        self, model_key: str, tokens: list[int] | None, cache: list[Any] | None, live_bytes: int
-    ) -> None:
-        if cache is None or not tokens or not self.enabled:
-            return
-        self._leader.record(Store(len(tokens), tokens_crc(list(tokens))))
-        super().store(model_key, tokens, cache, live_bytes)
+        self,
+        tokens: list[int] | None,
+        cache: list[Any] | None,
+        live_bytes: int,
+        kind: Kind = "assistant",
+    ) -> bool:
+        kept = super().store(tokens, cache, live_bytes, kind)
         self._trimmed()
+        return kept
 
     def trim(self, live_bytes: int) -> None:
-        before = len(self._lru)
+        before = len(self)
         super().trim(live_bytes)
-        if len(self._lru) != before:
+        if len(self) != before:
             self._trimmed()
 
     def clear(self) -> None:
@@ -191,4 +201,4 @@ class MirroredPromptCache(PromptCache):
         self._leader.record(Trim(0))
 
     def _trimmed(self) -> None:
-        self._leader.record(Trim(len(self._lru)))
+        self._leader.record(Trim(len(self)))

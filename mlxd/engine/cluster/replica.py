@@ -56,15 +56,10 @@ class FollowerPromptCache(PromptCache):
     """
 
     def configure(self, settings: PromptCacheSettings, live_bytes: int) -> None:
-        self._settings = settings
-        self._lru.max_size = settings.max_entries
-        self._lru.max_bytes = 2**62
+        self._settings = settings.model_copy(update={"max_bytes": 2**62})
 
-    def insert(self, model_key: str, tokens: list[int], cache: Any) -> None:
-        self._lru.insert_cache(model_key, tokens, cache)
-
-    def keep(self, entries: int) -> None:
-        self._lru.trim_to(n_sequences=entries)
+    def insert(self, tokens: list[int], cache: Any) -> None:
+        self._keep(tokens, cache, "assistant")
 
 
 class Replica:
@@ -138,12 +133,12 @@ class Replica:
             self.batch.configure(self.batch_settings)
 
     def _fetch(self, op: Fetch) -> None:
-        loaded = self._model()
-        cache, rest = self.cache.fetch(loaded.key, op.prompt)
-        got = len(op.prompt) - len(rest)
+        self._model()
+        fetched = self.cache.fetch(op.prompt)
+        got = len(op.prompt) - len(fetched.rest)
         if got != op.cached:
             raise Desync(f"prompt cache hit {got} tokens here, {op.cached} on rank 0")
-        self.prefetched.setdefault(tuple(op.prompt), []).append((cache, rest))
+        self.prefetched.setdefault(tuple(op.prompt), []).append((fetched.cache, fetched.rest))
         while sum(len(v) for v in self.prefetched.values()) > _PREFETCHED_MAX:
             key = next(iter(self.prefetched))
             self.prefetched[key].pop(0)
@@ -206,7 +201,8 @@ class Replica:
         if found is None:
             raise Desync(f"rank 0 stored a cache of {op.n} tokens that this rank never made")
         tokens, cache = found
-        self.cache.insert(self._model().key, list(tokens), cache)
+        self._model()
+        self.cache.insert(list(tokens), cache)
 
     def _released(self, tokens: list[int], cache: Any) -> None:
         self.released[(len(tokens), tokens_crc(tokens))] = (tokens, cache)

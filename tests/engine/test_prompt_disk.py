@@ -1,0 +1,234 @@
+"""The prompt cache's disk tier on real tiny models: it outlives the engine, and never breaks it.
+
+Entries written by one engine are read by the next one pointed at the same
+directory (a restart) and give what a cold prefill gives; a truncated,
+garbled, foreign or vanished file is a warning and a miss, never a failed
+request; the directory stays under ``disk_max_bytes``, also when the cap is
+lowered live; a disk that fills up turns the tier off, and requests go on;
+two engines sharing a directory leave only whole, readable files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import stream_generate
+
+from mlxd.config import load_settings
+from mlxd.engine.chat.disk_writer import read_metadata
+from mlxd.engine.messages import Finished
+from tests.support.engine import consume, run_all, running_engine, settled, token_request
+
+MAX_TOKENS = 8
+
+
+def prompt(tokenizer, n: int, salt: str = "") -> list[int]:
+    ids = tokenizer.encode((salt + "The river runs past the old mill every morning. ") * 40)
+    return ids[:n]
+
+
+def cold(model, tokenizer, ids: list[int]) -> list[int]:
+    tokens = []
+    for r in stream_generate(model, tokenizer, mx.array(ids), max_tokens=MAX_TOKENS):
+        if r.token in tokenizer.eos_token_ids:
+            break
+        tokens.append(r.token)
+    return tokens
+
+
+def files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*.safetensors") if not p.name.startswith("."))
+
+
+def disk(tmp_path: Path, **keys) -> dict:
+    return {"disk_dir": str(tmp_path / "cache"), "checkpoint_every": 64, **keys}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_entries_outlive_the_engine_and_give_what_a_cold_prefill_gives(
+    family, tmp_path, tiny_models, tiny_loaded
+):
+    model, tokenizer = tiny_loaded(family)
+    first = prompt(tokenizer, 260)
+    turn2 = [*first, 50, 51, 52, 53]
+    with running_engine(tiny_models(family), prompt_cache=disk(tmp_path)) as engine:
+        (warm,) = run_all(engine, [token_request("a", first, MAX_TOKENS)])
+    written = files(tmp_path / "cache")
+    assert warm.ok and written  # written when the engine stopped at the latest
+    # They hold prompts: this user's only.
+    assert all(p.stat().st_mode & 0o077 == 0 for p in (*written, written[0].parent))
+    with running_engine(tiny_models(family), prompt_cache=disk(tmp_path)) as engine:
+        (out,) = run_all(engine, [token_request("b", turn2, MAX_TOKENS)])
+        state = settled(engine).prompt_cache
+    assert isinstance(out.end, Finished)
+    assert out.end.lookup is not None and out.end.lookup.source == "disk"
+    assert out.end.usage.cached_tokens >= len(first) - 1
+    assert out.tokens == cold(model, tokenizer, turn2)
+    assert state.disk_hits == 1 and state.disk_tokens == out.end.usage.cached_tokens
+    assert state.disk_state == "on" and state.disk_corrupt == 0
+
+
+def test_bad_files_are_dropped_with_a_warning_and_the_request_is_served(
+    tmp_path, tiny_models, tiny_loaded, caplog
+):
+    model, tokenizer = tiny_loaded("qwen3_5")
+    prompts = [prompt(tokenizer, 200, salt=f"{i} ") for i in range(6)]
+    with running_engine(tiny_models("qwen3_5"), prompt_cache=disk(tmp_path)) as engine:
+        assert all(
+            o.ok
+            for o in run_all(engine, [token_request(f"w{i}", p, 4) for i, p in enumerate(prompts)])
+        )
+    written = files(tmp_path / "cache")
+    model_dir = written[0].parent
+    assert len(written) == 6  # each prompt's end checkpoint
+    # Truncated, garbled, and a whole file of another format version.
+    truncated, garbled, foreign = written[:3]
+    truncated.write_bytes(truncated.read_bytes()[:-100])
+    garbled.write_bytes(b"\xff" * 64)
+    header = (
+        b'{"__metadata__": {"0.mlxd_format": "0"},'
+        b' "x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    )
+    foreign.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
+    survivors = set(written[3:])
+    caplog.set_level(logging.WARNING, logger="mlxd.engine.chat.prompt_disk")
+    with running_engine(tiny_models("qwen3_5"), prompt_cache=disk(tmp_path)) as engine:
+        state = engine.snapshot().prompt_cache
+        assert state.disk_corrupt == 3 and state.disk_entries == len(survivors)
+        assert set(files(model_dir)) == survivors
+        # A file that breaks after the index was built: found out at read time
+        # (a prompt's end checkpoint: the next request for it reads it).
+        victim = next(p for p in sorted(survivors) if read_metadata(p)[0]["0.kind"] == "user")
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+        outs = run_all(
+            engine, [token_request(f"r{i}", [*p, 7, 8], MAX_TOKENS) for i, p in enumerate(prompts)]
+        )
+        state = settled(engine).prompt_cache
+    assert all(o.ok for o in outs)
+    assert [o.tokens for o in outs] == [cold(model, tokenizer, [*p, 7, 8]) for p in prompts]
+    assert state.disk_corrupt == 4 and not victim.exists()
+    dropped = [r for r in caplog.records if "dropping the prompt-cache file" in r.getMessage()]
+    assert len(dropped) == 4
+    assert state.disk_hits >= 1  # the intact entries still served
+
+
+def test_the_directory_stays_under_its_cap_and_a_lower_cap_applies_live(tmp_path, tiny_models):
+    model_dir = tiny_models("qwen3_5")
+    cache = tmp_path / "cache"
+    # A 200-token qwen3_5 entry is about 116 KB: room for four.
+    cap = 500_000
+    keys = disk(tmp_path, disk_max_bytes=cap, max_entries=2)
+    ids = [[(i * 37 + k) % 400 + 20 for k in range(200)] for i in range(8)]
+    with running_engine(model_dir, prompt_cache=keys) as engine:
+        outs = run_all(engine, [token_request(f"c{i}", p, 4) for i, p in enumerate(ids)])
+    assert all(o.ok for o in outs)
+    # Each request left one entry worth writing (its prompt's end): 8 written, 4 fit.
+    assert 0 < len(files(cache)) < 8
+    assert sum(p.stat().st_size for p in files(cache)) <= cap
+    with running_engine(model_dir, prompt_cache=keys) as engine:
+        lower = {**keys, "disk_max_bytes": cap // 2}
+        engine.apply(load_settings(None, overrides={**_overrides(engine), "prompt_cache": lower}))
+        for _ in range(500):
+            if sum(p.stat().st_size for p in files(cache)) <= cap // 2:
+                break
+            time.sleep(0.01)
+        state = settled(engine).prompt_cache
+    assert 0 < sum(p.stat().st_size for p in files(cache)) <= cap // 2
+    assert state.disk_max_bytes == cap // 2
+
+
+def _overrides(engine) -> dict:
+    s = engine.settings
+    return {"model": {"path": s.model.path}, "server": {"state_dir": s.server.state_dir}}
+
+
+def test_a_full_disk_turns_the_tier_off_and_requests_go_on(
+    tmp_path, tiny_models, monkeypatch, caplog
+):
+    import mlxd.engine.chat.disk_writer as disk_writer
+
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(
+        disk_writer.shutil, "disk_usage", lambda _: Usage(10 * 2**30, 10 * 2**30, 2**20)
+    )
+    caplog.set_level(logging.WARNING, logger="mlxd.engine.chat.prompt_disk")
+    # Two entries in RAM: the others go to disk as they leave, while requests run.
+    with running_engine(
+        tiny_models("qwen3_5"), prompt_cache=disk(tmp_path, max_entries=2)
+    ) as engine:
+        ids = [[(i * 31 + k) % 400 + 20 for k in range(150)] for i in range(3)]
+        outs = run_all(engine, [token_request(f"f{i}", p, 4) for i, p in enumerate(ids)])
+        again = run_all(engine, [token_request("g", ids[2] + [9], 4)])
+        state = settled(engine).prompt_cache
+    assert all(o.ok for o in outs + again)
+    assert state.disk_state == "failed" and "free" in (state.disk_error or "")
+    assert state.disk_write_errors >= 1 and not files(tmp_path / "cache")
+    assert any("disk tier is off" in r.getMessage() for r in caplog.records)
+
+
+def test_two_engines_sharing_a_directory_leave_only_whole_files(tmp_path, tiny_models):
+    model_dir = tiny_models("qwen3_5")
+    keys = disk(tmp_path, max_entries=3)
+    shared = next([(k * 13) % 400 + 20 for k in range(180)] for _ in range(1))
+    with (
+        running_engine(model_dir, prompt_cache=keys) as one,
+        running_engine(model_dir, prompt_cache=keys) as two,
+    ):
+
+        async def both():
+            jobs = []
+            for i in range(6):
+                mine = [(i * 41 + k) % 400 + 20 for k in range(160)]
+                for engine, tag in ((one, "a"), (two, "b")):
+                    jobs.append(consume(engine, token_request(f"{tag}{i}", [*shared, i], 4)))
+                    jobs.append(consume(engine, token_request(f"{tag}{i}m", mine, 4)))
+            return await asyncio.gather(*jobs)
+
+        assert all(o.ok for o in asyncio.run(both()))
+    written = files(tmp_path / "cache")
+    assert written and not list((tmp_path / "cache").rglob(".*"))  # no temp files left
+    for path in written:
+        read_metadata(path)  # whole: header and size agree
+    with running_engine(model_dir, prompt_cache=keys) as engine:
+        assert engine.snapshot().prompt_cache.disk_corrupt == 0
+        (out,) = run_all(engine, [token_request("x", [*shared, 2, 3], 4)])
+    assert out.end.lookup.source == "disk" and out.end.usage.cached_tokens >= len(shared)  # type: ignore[union-attr]
+
+
+def test_entries_survive_an_unload_and_a_swap_back_and_forth(tmp_path, tiny_models, tiny_loaded):
+    model, tokenizer = tiny_loaded("qwen3_5")
+    first = prompt(tokenizer, 220)
+    keys = disk(tmp_path)
+    with running_engine(tiny_models("qwen3_5"), prompt_cache=keys) as engine:
+        assert run_all(engine, [token_request("a", first, 4)])[0].ok
+        settings = engine.settings
+        engine.unload().result(60)  # RAM entries go to disk first
+        engine.load(settings).result(120)
+        (after_unload,) = run_all(engine, [token_request("b", [*first, 5], MAX_TOKENS)])
+        other = load_settings(
+            None,
+            overrides={
+                "model": {"path": str(tiny_models("llama"))},
+                "server": {"state_dir": settings.server.state_dir},
+                "prompt_cache": keys,
+            },
+        )
+        engine.load(other).result(120)
+        assert run_all(engine, [token_request("c", first, 4)])[0].ok  # another model's cache
+        engine.load(settings).result(120)
+        (after_swap,) = run_all(engine, [token_request("d", [*first, 6], MAX_TOKENS)])
+        state = settled(engine).prompt_cache
+    for out, tail in ((after_unload, 5), (after_swap, 6)):
+        assert isinstance(out.end, Finished) and out.end.lookup is not None
+        assert out.end.lookup.source == "disk" and out.end.usage.cached_tokens >= len(first) - 1
+        assert out.tokens == cold(model, tokenizer, [*first, tail])
+    assert state.disk_corrupt == 0
+    # Each model has its own directory under the same disk_dir.
+    assert len({p.parent for p in files(tmp_path / "cache")}) == 2
