@@ -44,6 +44,9 @@ def prompt_cache_panel(s: dict[str, Any], now: float) -> Formatted:
         "max_entries": count(pc["max_entries"]),
         "disk_bytes": human_bytes(pc.get("disk_bytes", 0)),
         "disk_entries": count(pc.get("disk_entries", 0)),
+        # on, off (configured off, or a cluster) or failed (an error turned it off).
+        "disk_state": pc.get("disk_state", "off"),
+        "disk_error": pc.get("disk_error"),
         "checkpoints": count(pc.get("checkpoints", 0)),
         "corrupt": count(pc.get("disk_corrupt", 0)),
         "rules": [(rule, count(n)) for rule, n in sorted(pc.get("rules", {}).items())],

@@ -77,6 +77,7 @@ def test_prompt_cache_panel_explains_misses(daemon: Daemon, pages, tmp_path: Pat
     assert 30 < ratio < 100, ratio
     assert panel.locator("[data-field=ram-tokens]").inner_text() != "0"
     assert panel.locator("[data-field=disk-tokens]").inner_text() == "0"
+    assert panel.locator("[data-field=disk-state]").inner_text() in ("on", "off")
     # Two misses (the first lookup and the partial hit), newest first, with where they parted.
     rows = panel.locator("tbody tr")
     assert rows.count() == 2
