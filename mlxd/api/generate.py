@@ -23,9 +23,12 @@ from litestar.response import Stream
 from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
+from mlxd.api.lookup import PROMPT_CACHE_HEADER, PROMPT_RULES_HEADER, header_value
+from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.state import AppState
 from mlxd.engine import (
     Accepted,
+    CacheLookup,
     Delta,
     Failed,
     Finished,
@@ -200,20 +203,26 @@ async def generate(
     state: AppState,
     lease: Lease,
     gen: GenerationRequest,
-    make_output: Callable[[Accepted], Output],
+    make_output: Callable[[Accepted, CacheLookup], Output],
     *,
     stream: bool,
     headers: dict[str, str] | None = None,
 ) -> Response[Any] | Stream:
-    """Submit ``gen``, wait until the engine accepts it, then answer whole or as SSE.
+    """Submit ``gen``, wait until the engine admits it, then answer whole or as SSE.
 
     Every API goes through here: same lanes, admission, queue (429 with
     ``Retry-After``), stop handling, metrics observers and disconnect
     cancellation. A refusal or a failure raises :class:`OpenAIError`, which
     the route's router renders in its API's error envelope. ``lease`` is
     released when the answer is complete (a stream's last byte).
+
+    The response starts once the request has left the queue, when its
+    prompt-cache lookup is known: every answer, streamed or not, carries
+    ``X-Mlxd-Prompt-Cache`` (docs/api.md), and a request that fails while it
+    waits gets its error status, not an SSE error after a 200.
     """
     try:
+        gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
         handle = lease.engine.submit(gen)
     except BaseException:
         lease.release()
@@ -223,14 +232,24 @@ async def generate(
         accepted = await handle.accepted()
         if isinstance(accepted, Failed):
             raise refusal(gen, accepted)
-        output = make_output(accepted)
+        note = note_of(request.scope)
+        note.accepted(accepted, gen.prompt_rules)
+        admitted = await handle.admitted()
+        if isinstance(admitted, Failed):
+            note.ended(admitted)
+            state.observe(accepted, admitted)
+            raise refusal(gen, admitted)
+        lookup = admitted.lookup
+        note.admitted(lookup)
+        output = make_output(accepted, lookup)
         headers = {
             **(headers or {}),
             "X-Mlxd-Lane": LaneDecision(accepted.lane, accepted.reason).header,
             "X-Request-Id": gen.id,
+            PROMPT_CACHE_HEADER: header_value(lookup),
         }
-        note = note_of(request.scope)
-        note.accepted(accepted)
+        if gen.prompt_rules:
+            headers[PROMPT_RULES_HEADER] = ",".join(gen.prompt_rules)
 
         def done(outcome: Finished | Failed) -> None:
             note.ended(outcome)

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from mlxd.config.units import Bytes, KvBudget
 
 Reload = Literal["live", "swap", "restart"]
+# The prompt rules mlxd knows (mlxd.api.prompt_rules): known-volatile prompt content.
+VolatileRule = Literal["claude_billing_header"]
 
 
 def _field(default: Any, reload: Reload, description: str, **kwargs: Any) -> Any:
@@ -218,6 +220,12 @@ class PromptCacheSettings(Section):
     )
     disk_max_bytes: Bytes = _field(
         "16GiB", "live", "Byte cap of the disk tier's directory (least recently used go first)."
+    )
+    volatile_rules: list[VolatileRule] = _field(
+        ["claude_billing_header"],
+        "live",
+        "Known per-request prompt content removed so the prompt cache can hit "
+        "(docs/agents.md); [] turns every rule off.",
     )
 
 

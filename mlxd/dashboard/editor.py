@@ -108,7 +108,7 @@ def editor_context(
     """Everything the editor shows: the file, the quick controls, the history, a result."""
     now = time.time()
     context: dict[str, Any] = {
-        "status": format_region("status-bar", daemon_stats(mlxd, now), now),
+        "status": format_region("status-bar", daemon_stats(mlxd, now, admin=False), now),
         "result": result,
     }
     path = mlxd.config_path

@@ -24,7 +24,7 @@ from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
 from mlxd.api.http.access import can_admin, can_read
-from mlxd.api.ops.stats import NO_STORE
+from mlxd.api.ops.stats import NO_STORE, fleet_stats
 from mlxd.api.state import AppState, Mlxd
 from mlxd.dashboard.csrf import csrf_token
 from mlxd.dashboard.refused import DashboardRefused, require_admin
@@ -50,7 +50,7 @@ def panel_state(request: Request, mlxd: AppState, admin: bool) -> dict[str, Any]
     replaced on the page's next full load (:func:`csrf_token`).
     """
     token = csrf_token(request)[0] if admin else ""
-    return {"fleet": mlxd.fleet.status().as_dict(), "actions": token or None}
+    return {"fleet": fleet_stats(mlxd, admin=admin), "actions": token or None}
 
 
 def _html(html: str, status: int, outcome: str) -> Response[str]:

@@ -53,13 +53,15 @@ def dashboard_state(
     request: Request, mlxd: AppState, now: float, *, fleet: bool = True
 ) -> dict[str, Any]:
     """``/stats`` as a dict as of ``now``, plus what the HTTP side knows: recent latency,
-    the process's memory and, for admins only, the log tail and the models panel's buttons."""
-    state = daemon_stats(mlxd, now)
+    the process's memory and, for admins only, the log tail, the prompt-cache snippets and
+    the models panel's buttons."""
+    admin = can_admin(request, mlxd.settings)
+    state = daemon_stats(mlxd, now, admin=admin)
     state["latency"] = install_recent(mlxd).percentiles(now)
     rss_bytes, rss_label = procmem.rss()
     state["process"] = {"rss_bytes": rss_bytes, "rss_label": rss_label}
-    admin = can_admin(request, mlxd.settings)
     state["log_tail"] = [asdict(e) for e in logtail.TAIL.entries()] if admin else None
+    state["admin"] = admin
     if fleet:  # only the models panel reads it
         state |= panel_state(request, mlxd, admin)
     return state

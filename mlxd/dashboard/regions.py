@@ -16,6 +16,7 @@ from mlxd.dashboard import activity, charts, events, status
 from mlxd.dashboard.cluster_panel import cluster_panel
 from mlxd.dashboard.formatting import Formatted
 from mlxd.dashboard.models_panel import models_panel
+from mlxd.dashboard.prompt_cache_panel import prompt_cache_panel
 
 Formatter = Callable[[dict[str, Any], float], Formatted]
 
@@ -32,6 +33,7 @@ REGIONS: dict[str, Formatter] = {
     "pending-queue": activity.pending_queue,
     "event-log": events.event_log,
     "counters": activity.counters,
+    "prompt-cache": prompt_cache_panel,
     "log-tail": events.log_tail,
     "cluster": cluster_panel,
 }

@@ -119,6 +119,9 @@ class GenerationRequest:
     # Test-only fault injection (see docs/testing.md); ignored unless the
     # engine was built with fault injection enabled.
     fault: str | None = None
+    # The prompt rules the HTTP side applied to this request's prompt (the
+    # names of [prompt_cache] volatile_rules that matched); the engine counts them.
+    prompt_rules: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- events

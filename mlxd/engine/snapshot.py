@@ -110,6 +110,8 @@ class PromptCacheState:
     disk_hits: int = 0
     disk_corrupt: int = 0
     disk_write_errors: int = 0
+    # [prompt_cache] volatile_rules applied to admitted requests, by rule name.
+    rules: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ class RecentLookup:
     api: str
     at: float
     lookup: CacheLookup
+    # The [prompt_cache] volatile_rules that changed the request's prompt.
+    rules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

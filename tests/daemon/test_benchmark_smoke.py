@@ -1,4 +1,4 @@
-"""``benchmarks/serving.py --quick`` runs end to end on a tiny model.
+"""The benchmarks' quick modes run end to end on tiny models (serving.py, agent_session.py, ...).
 
 This checks that the script works (mlxd, the batch_generate ceiling and
 mlx_lm.server are started, driven and reported), not how fast anything is.
@@ -120,3 +120,29 @@ def test_fleet_benchmark_runs_on_two_tiny_models(tiny_models) -> None:
     assert "| cold TTFT (load + prefill), s |" in done.stdout
     assert "2 streams to each model at once:" in done.stdout
     assert "(2 evictions in 2 requests)" in done.stdout
+
+
+def test_agent_session_benchmark_replays_a_session_on_both_servers(tmp_path: Path) -> None:
+    out = tmp_path / "agent.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "agent_session.py"), "--quick",
+        "--turns", "2", "--system-chars", "800", "--result-chars", "200", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    (result,) = report["results"]
+    assert result["family"] == "KVCache" and report["settings"]["turns"] == 2
+    mlxd, peer, restart = result["mlxd"], result["mlx_lm_server"], result["mlxd_restart"]
+    assert [r["turn"] for r in mlxd] == [r["turn"] for r in peer] == ["1", "2", "new"]
+    # Both servers saw the same prompts; turn 2 reuses at least turn 1's whole prompt.
+    assert [r["prompt"] for r in mlxd] == [r["prompt"] for r in peer]
+    assert mlxd[1]["prompt"] > mlxd[0]["prompt"] > 0
+    assert mlxd[0]["cached"] == 0 and mlxd[1]["cached"] >= mlxd[0]["prompt"]
+    assert all(r["ttft_ms"] > 0 for r in mlxd + peer)
+    assert mlxd[1]["header"].startswith(f"cached={mlxd[1]['cached']}; prompt=")
+    # After the restart the session resumes at turn 2.
+    assert restart[0]["prompt"] is None and restart[1]["prompt"] == mlxd[1]["prompt"]
+    assert set(result["verdict"]) >= {"mlxd_worst_ttft_ratio", "restart_turn2_share"}
+    assert "| turn | prompt | mlxd cached | mlxd TTFT ms | mlx_lm.server cached |" in done.stdout
+    assert "\n| 2 | " in done.stdout

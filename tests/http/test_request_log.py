@@ -75,6 +75,7 @@ def test_one_info_line_per_request(daemon: Daemon) -> None:
     chat, stream, missing = lines
     assert re.fullmatch(
         rf"POST /v1/chat/completions 200 model={re.escape(model)} lane=batch prompt=\d+ "
+        r"cached=\d+( diverged_at=\d+)? "
         r"generated=[1-5] finish=(length|stop) ttft=\d+\.\d{3}s duration=\d+\.\d{3}s",
         chat,
     ), chat

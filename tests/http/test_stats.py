@@ -30,12 +30,13 @@ MODEL = "tiny-llama"
 @pytest.fixture(scope="module")
 def daemon(daemons):
     config = toml_config(
-        server={"api_keys": [API_KEY], "admin_token": ADMIN_TOKEN},
+        server={"api_keys": [API_KEY], "admin_token": ADMIN_TOKEN, "allow_anonymous_read": True},
         model={"path": str(tiny_model_dir("llama")), "name": MODEL},
         batch={"size": BATCH},
     )
-    # Its own: the counters must add up from zero, and a test sends SIGHUP.
-    return daemons.get(config, name="stats")
+    # Its own: the counters must add up from zero, and a test sends SIGHUP. Bound off
+    # loopback (reached via 127.0.0.1), so a reader without the admin token is no admin.
+    return daemons.get(config, name="stats", args=["--host", "0.0.0.0"])
 
 
 # ---------------------------------------------------------------- helpers
@@ -146,7 +147,7 @@ def test_stats_schema_and_counts_under_load(daemon: Daemon) -> None:
     assert slowest < 2.0, f"a /stats read took {slowest:.2f}s"
 
 
-def test_stats_and_dashboard_never_show_prompts_or_secrets(daemon: Daemon) -> None:
+def test_stats_and_dashboard_never_show_prompts_or_secrets_to_non_admins(daemon: Daemon) -> None:
     marker = "zebra-marker-" + uuid.uuid4().hex
     thread, out = in_background(chat, daemon, f"Please repeat {marker} forever", max_tokens=400)
     pages = []
@@ -168,6 +169,15 @@ def test_stats_and_dashboard_never_show_prompts_or_secrets(daemon: Daemon) -> No
     for name, secret in secrets.items():
         leaks = [page[:200] for page in pages if secret in page]
         assert not leaks, f"the {name} appears in /stats or the dashboard: {leaks[0]!r}"
+    # An admin sees the prompt-cache lookup's snippet (the prompt's start, here: a
+    # miss at token 0), and still no key, token or completion text.
+    admin = httpx.get(
+        f"{daemon.url}/stats", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+    ).text
+    assert "Please repeat" in admin
+    for name in ("API key", "admin token", "completion text"):
+        if name in secrets:
+            assert secrets[name] not in admin, f"the {name} appears in /stats for an admin"
 
 
 def test_stats_serves_a_fresh_snapshot_without_caching(daemon: Daemon) -> None:

@@ -32,7 +32,7 @@ def type_ok(value: Any, spec: str) -> bool:
             return True
         if option == "bool" and isinstance(value, bool):
             return True
-        if option == "object" and isinstance(value, dict):
+        if (option == "object" or option.startswith("like ")) and isinstance(value, dict):
             return True
         if option == "map[str, int]" and isinstance(value, dict):
             return all(type_ok(v, "int") for v in value.values())
@@ -52,6 +52,10 @@ def check_schema(stats: dict[str, Any], fields: dict[str, str], seen: set[str]) 
             assert type_ok(value, fields[path]), f"{path} = {value!r} is not {fields[path]}"
             seen.add(path)
             if fields[path].startswith("map"):
+                continue
+            if fields[path].startswith("like "):
+                # An object with another field's fields (fleet.models[].engine.prompt_cache).
+                walk(value, fields[path][5:] + ".")
                 continue
             if isinstance(value, dict):
                 walk(value, path + ".")

@@ -1,12 +1,15 @@
 """docs/agents.md is tested: its mlxd settings load, its Codex provider block is the
-Responses wire API against mlxd's /v1, and its Claude Code variables point at mlxd."""
+Responses wire API against mlxd's /v1, its Claude Code variables and opencode provider
+point at mlxd, and the volatile-prompt rules it describes are the ones mlxd has."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
-from mlxd.config import load_settings
+from mlxd.api.prompt_rules import RULES
+from mlxd.config import PromptCacheSettings, load_settings
 from tests.support import ROOT
 
 if sys.version_info >= (3, 11):
@@ -44,3 +47,19 @@ def test_the_claude_code_variables_point_at_the_server_root():
     assert values["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8080"
     for name in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL"):
         assert name in values
+
+
+def test_the_opencode_block_is_an_openai_compatible_provider_for_v1():
+    (config,) = [json.loads(b) for b in blocks("json") if '"provider"' in b]
+    provider_id, model_id = config["model"].split("/", 1)
+    provider = config["provider"][provider_id]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"]["baseURL"] == "http://127.0.0.1:8080/v1"
+    assert model_id in provider["models"]
+
+
+def test_every_volatile_rule_is_explained_and_on_by_default():
+    for rule in RULES:
+        assert f"`{rule}`" in DOC, f"docs/agents.md does not explain the {rule} rule"
+    assert PromptCacheSettings().volatile_rules == sorted(RULES)
+    assert "volatile_rules = []" in DOC  # how to turn them off

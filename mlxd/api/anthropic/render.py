@@ -59,10 +59,12 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
 class MessagesOutput:
     """Builds one message, whole or streamed (an :class:`mlxd.api.openai.routes.Output`)."""
 
-    def __init__(self, message_id: str, model: str, prompt_tokens: int):
+    def __init__(self, message_id: str, model: str, prompt_tokens: int, cached_tokens: int = 0):
         self.id = message_id
         self.model = model
         self.prompt_tokens = prompt_tokens
+        # Known at admission, before the stream starts: message_start's usage is the real split.
+        self.cached_tokens = cached_tokens
         self._blocks: list[dict[str, Any]] = []
         self._open: str | None = None  # "text" or "thinking" while such a block is open
         self._pinged = False
@@ -144,9 +146,9 @@ class MessagesOutput:
 
     def stream_start(self) -> list[bytes]:
         usage = {
-            "input_tokens": self.prompt_tokens,
+            "input_tokens": self.prompt_tokens - self.cached_tokens,
             "output_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_read_input_tokens": self.cached_tokens,
             "cache_creation_input_tokens": 0,
         }
         return [event("message_start", message=self._message(None, usage))]

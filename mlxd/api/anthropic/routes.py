@@ -38,8 +38,9 @@ from mlxd.api.generate import (
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError, error_handlers
+from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.state import Mlxd
-from mlxd.engine import Accepted, Failed
+from mlxd.engine import Accepted, CacheLookup, Failed
 
 # Under /v1 (the router that mlxd.api.app mounts): /v1/messages.
 MESSAGES_PATH = "/messages"
@@ -72,8 +73,10 @@ class MessagesController(Controller):
                 mlxd, lease, call.gen, json_param="output_config.format", tools_param="tool_choice"
             )
 
-        def make_output(accepted: Accepted) -> Output:
-            return MessagesOutput(call.gen.id, accepted.model, accepted.prompt_tokens)
+        def make_output(accepted: Accepted, lookup: CacheLookup) -> Output:
+            return MessagesOutput(
+                call.gen.id, accepted.model, accepted.prompt_tokens, lookup.cached_tokens
+            )
 
         return await generate(request, mlxd, lease, call.gen, make_output, stream=call.stream)
 
@@ -83,6 +86,8 @@ class MessagesController(Controller):
         req = decode(body, CountTokensRequest)
         async with held(mlxd, req.model) as lease:
             gen = count_tokens_request(req, info=lease.info)
+            # The prompt the real request runs: the same volatile rules apply.
+            gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
             check_values(lease.info, gen)
             # Tokenized on the engine's intake thread, exactly as intake will.
             counted = await asyncio.wrap_future(lease.engine.count_tokens(gen))

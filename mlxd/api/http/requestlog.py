@@ -1,7 +1,10 @@
 """One log line per API request, at ``info``: ``[server] log_requests``.
 
 ``POST /v1/chat/completions 200 model=SmolLM2-135M-Instruct lane=batch
-prompt=25 generated=64 finish=length ttft=0.251s duration=3.412s``
+prompt=25 cached=0 diverged_at=0 generated=64 finish=length ttft=0.251s duration=3.412s``
+
+(``diverged_at`` on a partial prompt-cache hit or a miss, ``rules=`` when a
+``[prompt_cache] volatile_rules`` rule changed the prompt.)
 
 :func:`request_log` is the ``/v1`` router's middleware (so only the API's
 routes are logged): it times the whole exchange (for a stream, until its last
@@ -23,7 +26,7 @@ from mlxd.engine import Finished
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, Receive, Scope, Send
 
-    from mlxd.engine import Accepted, Failed
+    from mlxd.engine import Accepted, CacheLookup, Failed
 
 logger = logging.getLogger("mlxd.requests")
 
@@ -37,14 +40,21 @@ class Note:
     model: str | None = None
     lane: str | None = None
     prompt_tokens: int | None = None
+    cached: int | None = None
+    diverged_at: int | None = None
+    rules: str | None = None
     generated: int | None = None
     finish: str | None = None
     error: str | None = None
     ttft_s: float | None = None
 
-    def accepted(self, accepted: Accepted) -> None:
+    def accepted(self, accepted: Accepted, rules: tuple[str, ...] = ()) -> None:
         self.model, self.lane = accepted.model, accepted.lane
         self.prompt_tokens = accepted.prompt_tokens
+        self.rules = ",".join(rules) or None
+
+    def admitted(self, lookup: CacheLookup) -> None:
+        self.cached, self.diverged_at = lookup.cached_tokens, lookup.diverged_at
 
     def ended(self, outcome: Finished | Failed) -> None:
         if isinstance(outcome, Finished):
@@ -59,6 +69,9 @@ class Note:
             ("model", self.model),
             ("lane", self.lane),
             ("prompt", self.prompt_tokens),
+            ("cached", self.cached),
+            ("diverged_at", self.diverged_at),
+            ("rules", self.rules),
             ("generated", self.generated),
             ("finish", self.finish),
             ("error", self.error),

@@ -37,6 +37,7 @@ from mlxd.api.state import AppState, Mlxd
 from mlxd.engine import (
     TOOL_GRAMMAR_FORMATS,
     Accepted,
+    CacheLookup,
     Delta,
     Failed,
     Finished,
@@ -129,7 +130,7 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
         )
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
 
-    def make_output(accepted: Accepted) -> Output:
+    def make_output(accepted: Accepted, _lookup: CacheLookup) -> Output:
         renderer = Renderer(
             kind,
             gen.id,

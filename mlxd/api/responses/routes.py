@@ -30,7 +30,7 @@ from mlxd.api.responses.render import ResponsesOutput
 from mlxd.api.responses.schema import ResponsesRequest, responses_request
 from mlxd.api.responses.store import owner_of
 from mlxd.api.state import AppState, Mlxd
-from mlxd.engine import Accepted
+from mlxd.engine import Accepted, CacheLookup
 
 
 def _not_found(rid: str, *, status: int, param: str | None = None) -> OpenAIError:
@@ -102,7 +102,7 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
         if call.store and call.generate:  # a warm-up has no turn to continue
             state.responses.put(call.gen.id, response, (*call.history, turn), owner=owner)
 
-    def make_output(accepted: Accepted) -> Output:
+    def make_output(accepted: Accepted, _lookup: CacheLookup) -> Output:
         return ResponsesOutput(
             call.gen.id, accepted.model, call.echo, keep, warm_up=not call.generate
         )

@@ -92,6 +92,8 @@ class EngineCore(KvBudget):
             settings.prompt_cache, lambda: self.settings.batch
         )
         self.lookups: deque[RecentLookup] = deque(maxlen=RECENT_LOOKUPS)
+        # [prompt_cache] volatile_rules applied to admitted requests, by rule.
+        self.rule_counts: dict[str, int] = {}
         self.drains = DrainLog()
         self.counters = Counters()
         self.throughput = Throughput()
@@ -239,8 +241,17 @@ class EngineCore(KvBudget):
         row.lookup = lookup
         row.channel.push(Admitted(lookup))
         self.lookups.appendleft(
-            RecentLookup(row.id, loaded.info.id, row.request.api, time.time(), lookup)
+            RecentLookup(
+                row.id,
+                loaded.info.id,
+                row.request.api,
+                time.time(),
+                lookup,
+                row.request.prompt_rules,
+            )
         )
+        for rule in row.request.prompt_rules:
+            self.rule_counts[rule] = self.rule_counts.get(rule, 0) + 1
         row.checkpoints = self.plan_checkpoints(row, cached)
 
     def store_checkpoint(self, tokens: list[int], cache: list[Any], kind: Kind) -> None:

@@ -23,8 +23,8 @@ from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.engine.chat.checkpoints import segments
-from mlxd.engine.chat.kv_caches import normalize
 from mlxd.engine.chat.grammar import GrammarFailure
+from mlxd.engine.chat.kv_caches import normalize
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.sampling import (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mlxd.engine.cluster.status import ClusterStatus
@@ -133,7 +134,9 @@ def build_snapshot(
         rows=tuple(rows),
         pending=tuple(pending),
         drains=core.drains.events(),
-        prompt_cache=core.prompt_cache.state(core.counters.cached_tokens),
+        prompt_cache=replace(
+            core.prompt_cache.state(core.counters.cached_tokens), rules=dict(core.rule_counts)
+        ),
         counters={
             **core.counters.as_dict(),
             "drains": core.drains.total,

@@ -114,6 +114,8 @@ def _chat_numbers(snapshot: Snapshot) -> dict[str, Any]:
         "kv_bytes": snapshot.batch.kv_bytes,
         "kv_budget_bytes": snapshot.batch.kv_budget_bytes,
         "tokens_per_s": snapshot.throughput.get("last_minute_tps", 0.0),
+        # Its prompt cache: sizes, tiers, rules applied and the last lookups.
+        "prompt_cache": asdict(snapshot.prompt_cache),
         "counters": {
             k: v
             for k, v in snapshot.counters.items()
