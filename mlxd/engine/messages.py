@@ -13,6 +13,8 @@ from typing import Any, Literal
 Lane = Literal["batch", "serial"]
 # Which HTTP API a request came in through (shown in /stats and the dashboard).
 Api = Literal["chat", "completions", "responses", "messages"]
+# A request's priority class, most urgent first (docs/batching.md).
+Priority = Literal["high", "normal", "low", "batch"]
 FinishReason = Literal["stop", "length", "tool_calls"]
 # Where a request's cached prompt prefix came from: the RAM tier, the disk tier,
 # nowhere (a miss), or nowhere because the model's prompt cache is off.
@@ -122,6 +124,11 @@ class GenerationRequest:
     # The prompt rules the HTTP side applied to this request's prompt (the
     # names of [prompt_cache] volatile_rules that matched); the engine counts them.
     prompt_rules: tuple[str, ...] = ()
+    # Who asks and how urgently (issue 23): the priority class the scheduler
+    # orders waiting requests by ("batch" is the Batch API's idle-time class),
+    # and the NAME of the API key that sent it (never the secret), or None.
+    priority: Priority = "normal"
+    client: str | None = None
 
 
 # ---------------------------------------------------------------- events
