@@ -21,7 +21,8 @@ The measures (each with the reason for its bound):
   compiled once, so a path through a recursive group counts each member
   once. About 4 KiB of stack a level: 256 levels stay under 1.1 MiB.
   (llguidance's ``define_ref -> compile_resource`` recursion has no bound of
-  its own; reported upstream.)
+  its own: a report ready to file upstream is in
+  docs/upstream/llguidance-ref-chain.md.)
 - ``width``: the alternatives open at one position (an object's optional
   properties count 4 Earley items each, an ``anyOf``/``oneOf`` adds its
   branches' widths, an ``allOf`` multiplies them): llguidance's row limit
