@@ -86,3 +86,12 @@ def cut_prefix(
     trim_prompt_cache(cache, have - cached)
     compact(cache)
     return cache, prompt[cached:]
+
+
+def flatten(caches: Iterable[Any]) -> list[Any]:
+    """The layer caches of a model's cache list, a ``CacheList``'s parts in its place."""
+    out: list[Any] = []
+    for c in caches:
+        inner = getattr(c, "caches", None)
+        out.extend(flatten(list(inner)) if inner is not None else [c])
+    return out

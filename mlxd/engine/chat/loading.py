@@ -19,6 +19,7 @@ from mlx_lm import load as mlx_load
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.config import ModelSettings
+from mlxd.engine.chat.kv_caches import flatten
 from mlxd.engine.messages import ModelInfo
 from mlxd.engine.policy.admission import CacheLayout, LayerLayout
 from mlxd.engine.policy.lanes import Capabilities
@@ -95,14 +96,6 @@ def _read_template(value: str) -> str:
         raise ModelLoadError(f"cannot read chat_template file {value!r}: {exc}") from exc
 
 
-def _flatten(caches: list[Any]) -> list[Any]:
-    out = []
-    for c in caches:
-        inner = getattr(c, "caches", None)
-        out.extend(_flatten(list(inner)) if inner is not None else [c])
-    return out
-
-
 # Caches that can be cut back to any shorter prefix, whatever they hold.
 _REWINDABLE = {"KVCache", "QuantizedKVCache", "ConcatenateKVCache"}
 
@@ -110,11 +103,11 @@ _REWINDABLE = {"KVCache", "QuantizedKVCache", "ConcatenateKVCache"}
 def cache_facts(caches: list[Any]) -> tuple[tuple[str, ...], bool]:
     """A fresh cache's layer classes, and whether every one of them can be rewound."""
     classes = tuple(type(c).__name__ for c in caches)
-    return classes, all(type(c).__name__ in _REWINDABLE for c in _flatten(caches))
+    return classes, all(type(c).__name__ in _REWINDABLE for c in flatten(caches))
 
 
 def _capabilities(caches: list[Any]) -> Capabilities:
-    missing = sorted({type(c).__name__ for c in _flatten(caches) if not hasattr(type(c), "merge")})
+    missing = sorted({type(c).__name__ for c in flatten(caches) if not hasattr(type(c), "merge")})
     if missing:
         return Capabilities(False, f"caches without batch support: {', '.join(missing)}")
     return Capabilities(True)
@@ -156,7 +149,7 @@ def measure_layout(model: Any) -> tuple[CacheLayout, int]:
     caches = make_prompt_cache(model)
     logits = model(mx.array([[0]]), cache=caches)
     width = int(logits.shape[-1])
-    flat = _flatten(caches)
+    flat = flatten(caches)
     mx.eval([c.state for c in flat])
     layers = []
     for c in flat:

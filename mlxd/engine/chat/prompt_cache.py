@@ -33,6 +33,7 @@ from typing import Any, Literal, cast
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from mlxd.config import PromptCacheSettings
+from mlxd.engine.chat.kv_caches import flatten
 from mlxd.engine.chat.prefix_trie import TokenTrie, Walk
 from mlxd.engine.chat.prompt_disk import DiskEntry, DiskTier
 from mlxd.engine.messages import CacheSource
@@ -49,19 +50,11 @@ def detach(cache: list[Any]) -> list[Any]:
     """Give every recurrent state its own buffer (a batch's extract is a view of all rows')."""
     import mlx.core as mx
 
-    for c in _flatten(cache):
+    for c in flatten(cache):
         state = getattr(c, "cache", None)
         if isinstance(state, list):
             c.cache = [mx.contiguous(a) if a is not None else None for a in state]
     return cache
-
-
-def _flatten(caches: list[Any]) -> list[Any]:
-    out = []
-    for c in caches:
-        inner = getattr(c, "caches", None)
-        out.extend(_flatten(list(inner)) if inner is not None else [c])
-    return out
 
 
 @dataclass(eq=False)
