@@ -5,6 +5,8 @@ next request; a stall shows in /stats, /ready and the dashboard."""
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from typing import Any
@@ -117,20 +119,30 @@ def test_a_reload_below_a_queued_request_refuses_it_at_once(daemon, configured):
 
 def test_a_stalled_request_shows_in_stats_ready_and_the_dashboard_and_blocks_nobody(daemon):
     model = daemon.model_id()
-    stuck: dict[str, Any] = {}
+    stuck: dict[str, str] = {}
     release = threading.Event()
 
     def stream_stuck() -> None:
-        body = {
-            "model": model,
-            "prompt": "stuck",
-            "max_tokens": 5,
-            "stream": True,
-            "mlxd_fault": "never_admit",
-        }
-        with httpx.stream("POST", f"{daemon.url}/v1/completions", json=body, timeout=60) as r:
-            stuck["id"] = r.headers.get("x-request-id")
-            release.wait(60)  # leaving the block closes the stream: the request is cancelled
+        body = json.dumps(
+            {
+                "model": model,
+                "prompt": "stuck",
+                "max_tokens": 5,
+                "stream": True,
+                "mlxd_fault": "never_admit",
+            }
+        ).encode()
+        # A stream's headers come at admission, which never comes: a raw socket
+        # sends the request and closing it cancels the request (its id is read
+        # from /stats).
+        host, port = daemon.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (f"{host}:{port}".encode(), len(body), body)
+            )
+            release.wait(60)
 
     client = threading.Thread(target=stream_stuck)
     client.start()
@@ -142,6 +154,7 @@ def test_a_stalled_request_shows_in_stats_ready_and_the_dashboard_and_blocks_nob
             stats = daemon.stats()
         assert stats["stalled"] is True
         reason = stats["stalled_reason"]
+        stuck["id"] = stats["pending"][0]["id"]
         assert stuck["id"] in reason and "waits for budget while the batch is idle" in reason
         assert [p["waiting_for"] for p in stats["pending"]] == ["stalled"]
         model_row = next(m for m in stats["fleet"]["models"] if m["id"] == model)
