@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from tests.support.daemon import toml_config
+from tests.support.stats_schema import check_schema, documented_fields
 
 KEY = "sk-batch-test"
 OTHER = "sk-batch-other"
@@ -227,7 +228,7 @@ def test_one_key_never_sees_another_keys_files_or_batches(daemon, client):
     wait_final(client, batch.id)
 
 
-def test_cancel_stops_a_running_batch(client):
+def test_cancel_stops_a_running_batch(daemon, client):
     lines = [chat_line(f"long{i}", "Count to a thousand.", max_tokens=200) for i in range(30)]
     uploaded = client.files.create(file=("l.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     batch = client.batches.create(
@@ -237,6 +238,13 @@ def test_cancel_stops_a_running_batch(client):
     while client.batches.retrieve(batch.id).status == "validating":
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    # /stats shows the open batch as docs/api.md's `batches` table says.
+    fields = {k: v for k, v in documented_fields().items() if k.split(".")[0] == "batches"}
+    seen: set[str] = set()
+    stats = daemon.stats()
+    check_schema({"batches": stats["batches"]}, fields, seen)
+    assert seen == set(fields), sorted(set(fields) - seen)
+    assert any(b["id"] == batch.id for b in stats["batches"]["batches"])
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
     done = wait_final(client, batch.id)
@@ -282,3 +290,23 @@ def test_batch_refusals(client, http):
     assert client.files.delete(uploaded.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(uploaded.id)
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("/v1/completions", {"model": "chat", "prompt": "Once upon a", "max_tokens": 8}),
+        ("/v1/responses", {"model": "chat", "input": "Say hi.", "max_output_tokens": 8}),
+    ],
+)
+def test_completions_and_responses_batches_equal_direct_calls(client, http, url, body):
+    body = {**body, "temperature": 0}
+    lines = [{"custom_id": "only", "method": "POST", "url": url, "body": body}]
+    uploaded = client.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=url, completion_window="1h")
+    done = wait_final(client, batch.id)
+    assert done.status == "completed", done
+    [out] = lines_of(client, done.output_file_id)
+    direct = http.post(url, json=body)
+    assert out["response"]["status_code"] == direct.status_code == 200
+    assert stable(out["response"]["body"]) == stable(direct.json())
