@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.api.batches import finish as finishing
 from mlxd.api.batches.dispatch import BatchMark, LineAnswer, run_line
-from mlxd.api.batches.jsonl import RequestLine, request_lines
+from mlxd.api.batches.jsonl import BadLine, RequestLine, request_lines
 from mlxd.api.batches.lane import in_hours
 from mlxd.api.batches.models import Room, room_for
 from mlxd.api.batches.store import BatchRow, Store, new_id
@@ -62,6 +62,8 @@ class Job:
     waiting_for: str | None = None
     # Past its expires_at: no more lines; finished as expired once none is in flight.
     expiring: bool = False
+    # Its input file became unreadable mid-run: no more lines; failed once none is in flight.
+    broken: str | None = None
     # Lines finished since this process took the batch up, and since when (rate, ETA).
     session_done: int = 0
     session_start: float = field(default_factory=time.monotonic)
@@ -161,6 +163,7 @@ class Runner:
                 raise
             except Exception:
                 logger.exception("the batch runner failed a tick; it carries on")
+                await asyncio.sleep(1.0)  # a lasting fault logs once a second, not 20 times
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), TICK_S)
@@ -173,7 +176,7 @@ class Runner:
             if job.status == "in_progress" and self._expired(job) and not job.expiring:
                 job.expiring = True
                 logger.info("batch %s: its completion window passed; it expires", job.row.id)
-            if job.status == "cancelling" or job.expiring:
+            if job.status == "cancelling" or job.expiring or job.broken:
                 self._disconnect(job)
                 if not job.inflight:
                     await self._finish(job)
@@ -203,10 +206,14 @@ class Runner:
             return None
         if job.lines is None:
             job.lines = self._read(job)
-        for line in job.lines:
-            if line.index not in job.done and line.index not in job.inflight:
-                job.next_line = line
-                return line
+        try:
+            for line in job.lines:
+                if line.index not in job.done and line.index not in job.inflight:
+                    job.next_line = line
+                    return line
+        except (BadLine, OSError) as exc:
+            job.broken = f"The input file became unreadable while the batch ran: {exc}"
+            logger.warning("batch %s: %s", job.row.id, job.broken)
         job.exhausted = True
         return None
 
@@ -343,6 +350,10 @@ class Runner:
         final = "cancelled" if job.status == "cancelling" else "completed"
         if job.expiring:
             final = "expired"
+        if job.broken:
+            final = "failed"
+            errors = {"object": "list", "data": [_broken(job.broken)]}
+            await self.store.call(self.store.update_batch, job.row.id, errors=errors)
         stamp = f"{final}_at"
         reason = "The batch expired before this line ran (completion_window)."
         previous = job.row.status
@@ -360,3 +371,7 @@ class Runner:
             job.row.output_file_id,
             job.row.error_file_id,
         )
+
+
+def _broken(message: str) -> dict[str, Any]:
+    return {"code": "file_corrupt", "message": message, "param": None, "line": None}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ class BatchService:
         """Open the store (setting a broken one aside) and take up the open batches."""
         try:
             self.store.open()
-        except OSError as exc:
+        except (OSError, sqlite3.Error) as exc:
             self.error = f"the batch state directory {self.root} is unusable: {exc}"
             logger.warning("%s; the Batch API is off", self.error)
             return
