@@ -110,3 +110,23 @@ def test_panel_shows_progress_and_cancels_for_admins_only(daemon: Daemon) -> Non
         time.sleep(0.1)
     row = _row(admin.get("/dashboard/batches").text, batch_id)
     assert 'data-status="cancelled"' in row and "data-action" not in row
+
+
+@pytest.mark.browser
+def test_cancel_in_a_browser(daemon: Daemon, pages) -> None:
+    batch_id = _long_batch(daemon)
+    page = pages(extra_http_headers=ADMIN, viewport={"width": 1280, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(f"{daemon.url}/dashboard")
+    page.wait_for_function("() => window.htmx && htmx.version.startsWith('2.0')")
+    row = page.locator(f'#batches tr[data-batch="{batch_id}"]')
+    row.locator('[role="progressbar"]').wait_for(timeout=30_000)
+    row.locator('button[data-action="cancel"]').click()
+    page.locator('#batches-result[data-outcome="done"]').wait_for(timeout=30_000)
+    assert page.locator("#batches-result").inner_text() == f"{batch_id} is cancelling"
+    page.locator(f'#batches tr[data-batch="{batch_id}"][data-status="cancelled"]').wait_for(
+        timeout=60_000
+    )
+    assert not problems, problems

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from typing import Any
 
@@ -142,6 +143,12 @@ def test_chat_batch_end_to_end_equals_direct_calls(client, http):
         direct = http.post(line["url"], json=line["body"])
         assert err["response"]["status_code"] == direct.status_code >= 400
         assert err["response"]["body"] == direct.json()
+    # /metrics counts the lines (the module's other batches may have run before this one).
+    metrics = http.get("/metrics").text
+    completed = re.search(r'^mlxd_batch_lines_total\{outcome="completed"\} (\S+)$', metrics, re.M)
+    failed = re.search(r'^mlxd_batch_lines_total\{outcome="failed"\} (\S+)$', metrics, re.M)
+    assert completed and float(completed[1]) >= 5 and failed and float(failed[1]) >= 3
+    assert re.search(r"^mlxd_batch_queued_lines ", metrics, re.M)
 
 
 def direct_id(out: dict[str, Any]) -> str:
