@@ -87,7 +87,12 @@ def test_a_batch_survives_sigterm_and_kill_9(tmp_path: Path, tiny_models):
         daemon.stop()
 
         daemon = Daemon(tmp_path, config).start()
-        assert _resumed(daemon, batch.id)[-1] >= before_kill
+        after_kill = _resumed(daemon, batch.id)[-1]
+        print(
+            f"\nlines done: {before_term}+ at SIGTERM, {resumed[-1]} resumed; "
+            f"{before_kill}+ at kill -9, {after_kill} resumed"
+        )
+        assert after_kill >= before_kill
         _wait_for(daemon, batch.id, LINES)
         client = daemon.openai()
         deadline = time.monotonic() + 60

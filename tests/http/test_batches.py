@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 import time
 from typing import Any
 
@@ -46,7 +47,7 @@ def daemon(daemons, tiny_models, tiny_embedding_model):
         models=registry(tiny_models, tiny_embedding_model),
         server={"api_keys": [KEY, OTHER]},
         batch={"size": 4},
-        batches={"max_file_bytes": "64KiB", "max_lines": 40},
+        batches={"max_file_bytes": "64KiB", "max_lines": 40, "upload_timeout": 2.0},
     )
     return daemons.get(config)
 
@@ -317,3 +318,28 @@ def test_completions_and_responses_batches_equal_direct_calls(client, http, url,
     direct = http.post(url, json=body)
     assert out["response"]["status_code"] == direct.status_code == 200
     assert stable(out["response"]["body"]) == stable(direct.json())
+
+
+def test_a_stalled_upload_gets_408(daemon):
+    """An upload that stops arriving is cut off after upload_timeout, not held open."""
+    boundary = "xyz"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+        "Content-Type: application/jsonl\r\n\r\n"
+    ).encode()
+    request = (
+        f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+        f"Content-Length: {len(head) + 5000}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
+        started = time.monotonic()
+        sock.sendall(request + head)
+        chunks = [sock.recv(65536)]
+        waited = time.monotonic() - started
+        while chunks[-1]:  # the server closes the connection after its answer
+            chunks.append(sock.recv(65536))
+        answer = b"".join(chunks).decode()
+    assert answer.startswith("HTTP/1.1 408") and "batches.upload_timeout" in answer
+    assert 1.5 <= waited < 20
