@@ -12,14 +12,18 @@ import datetime as dt
 import json
 import sqlite3
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from mlxd.api.batches import runner as runner_module
 from mlxd.api.batches.db import SCHEMA_VERSION, open_database
 from mlxd.api.batches.jsonl import BadLine, check_lines, parse_line, request_lines
 from mlxd.api.batches.lane import ChatLoad, chat_room, embedding_room, in_hours, may_load
-from mlxd.api.batches.store import FileRow, Store
-from mlxd.config import BatchesSettings
+from mlxd.api.batches.runner import Runner
+from mlxd.api.batches.store import BatchRow, FileRow, Store
+from mlxd.config import BatchesSettings, Settings
+from mlxd.engine import FleetStatus
 
 # ---------------------------------------------------------------- the lane
 
@@ -169,3 +173,92 @@ def test_a_database_from_a_newer_mlxd_is_set_aside(tmp_path: Path) -> None:
     newer.close()
     open_database(path).close()
     assert list(tmp_path.glob("batches.db.unusable-*"))
+
+
+# ---------------------------------------------------------------- the runner, in process
+
+
+class _Fleet:
+    """No configured model: every line routes nowhere, one at a time (the app answers)."""
+
+    def status(self) -> FleetStatus:
+        return FleetStatus(budget_bytes=0, used_bytes=0, models=(), events=())
+
+
+def _app(answers: dict[int, list[int]]):
+    """An ASGI app answering line ``n`` with the next status of ``answers[n]`` (then 200)."""
+
+    async def app(scope, receive, send) -> None:
+        body = json.loads((await receive())["body"])
+        queue = answers.get(body["n"], [])
+        status = queue.pop(0) if queue else 200
+        data = json.dumps({"echo": body["n"], "status": status}).encode()
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": data})
+
+    return app
+
+
+async def _batch(store: Store, lines: int, *, expires_at: int | None) -> BatchRow:
+    data = [_line(f"c{i}", body={"n": i}) for i in range(lines)]
+    size, sha = await store.call(store.write_file, "file-in", data)
+    await store.call(store.add_file, FileRow("file-in", None, "batch", "in", size, lines, sha, 0))
+    row = BatchRow(
+        "batch_t", None, "/v1/chat/completions", "file-in", "24h", "validating", None, None,
+        None, None, lines, 0, 0, 0, expires_at, None, None, None, None, None, None, None,
+    )  # fmt: skip
+    await store.call(store.add_batch, row)
+    return row
+
+
+def _run(
+    tmp_path: Path, answers: dict[int, list[int]], lines: int, expires_at: int | None
+) -> BatchRow:
+    async def go() -> BatchRow:
+        store = Store(tmp_path / "batches")
+        store.open()
+        state = SimpleNamespace(settings=Settings(), shutting_down=False, fleet=_Fleet())
+        runner = Runner(state, store, _app(answers))  # type: ignore[arg-type]
+        row = await _batch(store, lines, expires_at=expires_at)
+        runner.add(row)
+        await runner.start()
+        for _ in range(400):
+            if not runner.jobs:
+                break
+            await asyncio.sleep(0.025)
+        await runner.stop()
+        final = await store.call(store.get_batch, row.id)
+        store.close()
+        assert final is not None
+        return final
+
+    return asyncio.run(go())
+
+
+def _file_lines(tmp_path: Path, file_id: str | None) -> list[dict]:
+    assert file_id is not None
+    text = (tmp_path / "batches" / "files" / f"{file_id}.jsonl").read_text()
+    return [json.loads(x) for x in text.splitlines()]
+
+
+def test_runner_retries_429_and_503_then_keeps_the_answer(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(runner_module, "RETRY_AFTER_S", 0.0)
+    # Line 0: 503 twice, then 200. Line 1: 429 five times: kept as failed. Line 2: a 400 at once.
+    answers = {0: [503, 503], 1: [429] * 5, 2: [400]}
+    final = _run(tmp_path, answers, 3, expires_at=None)
+    assert final.status == "completed" and (final.completed, final.failed) == (1, 2)
+    out = _file_lines(tmp_path, final.output_file_id)
+    assert [(o["custom_id"], o["response"]["status_code"]) for o in out] == [("c0", 200)]
+    errors = _file_lines(tmp_path, final.error_file_id)
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [
+        ("c1", 429),
+        ("c2", 400),
+    ]
+
+
+def test_an_expired_batch_lists_its_unrun_lines_as_batch_expired(tmp_path: Path) -> None:
+    final = _run(tmp_path, {}, 3, expires_at=1)  # expired long ago
+    assert final.status == "expired" and final.expired_at and final.output_file_id is None
+    errors = _file_lines(tmp_path, final.error_file_id)
+    assert [e["custom_id"] for e in errors] == ["c0", "c1", "c2"]
+    assert all(e["error"]["code"] == "batch_expired" and e["response"] is None for e in errors)
