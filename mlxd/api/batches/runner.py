@@ -21,7 +21,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +52,7 @@ class Job:
     done: set[int] = field(default_factory=set)
     completed: int = 0
     failed: int = 0
-    lines: Iterator[RequestLine] | None = None
+    lines: Generator[RequestLine] | None = None
     retry: collections.deque[RequestLine] = field(default_factory=collections.deque)
     next_line: RequestLine | None = None
     exhausted: bool = False
@@ -217,7 +217,7 @@ class Runner:
         job.exhausted = True
         return None
 
-    def _read(self, job: Job) -> Iterator[RequestLine]:
+    def _read(self, job: Job) -> Generator[RequestLine]:
         with self.store.file_path(job.row.input_file_id).open("rb") as f:
             yield from request_lines(f)
 
@@ -357,6 +357,8 @@ class Runner:
         stamp = f"{final}_at"
         reason = "The batch expired before this line ran (completion_window)."
         previous = job.row.status
+        if job.lines is not None:
+            job.lines.close()  # its input file
         await self.store.call(finishing.finish, self.store, job.row, final, stamp, reason)
         job.row = await self.store.call(self.store.get_batch, job.row.id) or job.row
         self.jobs.pop(job.row.id, None)
