@@ -18,6 +18,7 @@ import pytest
 
 from mlxd.api.batches import runner as runner_module
 from mlxd.api.batches.db import SCHEMA_VERSION, open_database
+from mlxd.api.batches.dispatch import batch_mark
 from mlxd.api.batches.jsonl import BadLine, check_lines, parse_line, request_lines
 from mlxd.api.batches.lane import ChatLoad, chat_room, embedding_room, in_hours, may_load
 from mlxd.api.batches.runner import Runner
@@ -199,12 +200,15 @@ def _app(answers: dict[int, list[int]]):
     return app
 
 
-async def _batch(store: Store, lines: int, *, expires_at: int | None) -> BatchRow:
-    data = [_line(f"c{i}", body={"n": i}) for i in range(lines)]
-    size, sha = await store.call(store.write_file, "file-in", data)
-    await store.call(store.add_file, FileRow("file-in", None, "batch", "in", size, lines, sha, 0))
+async def _batch(
+    store: Store, lines: int, *, expires_at: int | None, batch_id: str = "batch_t", model: str = ""
+) -> BatchRow:
+    file_id = f"file-{batch_id}"
+    data = [_line(f"c{i}", body={"n": i, "model": model}) for i in range(lines)]
+    size, sha = await store.call(store.write_file, file_id, data)
+    await store.call(store.add_file, FileRow(file_id, None, "batch", "in", size, lines, sha, 0))
     row = BatchRow(
-        "batch_t", None, "/v1/chat/completions", "file-in", "24h", "validating", None, None,
+        batch_id, None, "/v1/chat/completions", file_id, "24h", "validating", None, None,
         None, None, lines, 0, 0, 0, expires_at, None, None, None, None, None, None, None,
     )  # fmt: skip
     await store.call(store.add_batch, row)
@@ -262,3 +266,33 @@ def test_an_expired_batch_lists_its_unrun_lines_as_batch_expired(tmp_path: Path)
     errors = _file_lines(tmp_path, final.error_file_id)
     assert [e["custom_id"] for e in errors] == ["c0", "c1", "c2"]
     assert all(e["error"]["code"] == "batch_expired" and e["response"] is None for e in errors)
+
+
+def test_batches_run_in_creation_order(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    async def app(scope, receive, send) -> None:
+        await receive()
+        seen.append(batch_mark(scope).batch_id)  # type: ignore[union-attr]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def go() -> None:
+        store = Store(tmp_path / "batches")
+        store.open()
+        state = SimpleNamespace(settings=Settings(), shutting_down=False, fleet=_Fleet())
+        runner = Runner(state, store, app)  # type: ignore[arg-type]
+        # Each batch's lines name another model: they never compete for one model's room,
+        # so only the runner's order keeps b's lines behind a's.
+        for name in ("batch_a", "batch_b"):
+            runner.add(await _batch(store, 4, expires_at=None, batch_id=name, model=name))
+        await runner.start()
+        for _ in range(400):
+            if not runner.jobs:
+                break
+            await asyncio.sleep(0.025)
+        await runner.stop()
+        store.close()
+
+    asyncio.run(go())
+    assert seen == ["batch_a"] * 4 + ["batch_b"] * 4
