@@ -343,3 +343,30 @@ def test_a_stalled_upload_gets_408(daemon):
         answer = b"".join(chunks).decode()
     assert answer.startswith("HTTP/1.1 408") and "batches.upload_timeout" in answer
     assert 1.5 <= waited < 20
+
+
+def test_lists_paginate_as_openai(client):
+    made = []
+    for i in range(3):
+        data = io.BytesIO(jsonl([chat_line(f"p{i}", "x", max_tokens=1)]))
+        uploaded = client.files.create(file=(f"p{i}.jsonl", data), purpose="batch")
+        made.append(
+            client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="1h"
+            ).id
+        )
+    first = client.batches.list(limit=2)
+    assert [b.id for b in first.data] == made[::-1][:2] and first.has_more
+    second = client.batches.list(limit=2, after=first.data[-1].id)
+    assert second.data[0].id == made[0]
+    # The SDK's auto-pagination walks every page, newest first, each batch once.
+    walked = [b.id for b in client.batches.list(limit=2)]
+    assert walked[:3] == made[::-1] and len(walked) == len(set(walked))
+    files = client.files.list(purpose="batch")
+    assert [f.filename for f in files.data][:3] == ["p2.jsonl", "p1.jsonl", "p0.jsonl"]
+    for batch_id in made:
+        done = wait_final(client, batch_id)
+        assert done.output_file_id is not None
+        assert client.files.retrieve(done.output_file_id).purpose == "batch_output"
+    outputs = [f.id for f in client.files.list(purpose="batch_output").data]
+    assert outputs and all(o.startswith("file-") for o in outputs)
