@@ -318,6 +318,9 @@ def test_completions_and_responses_batches_equal_direct_calls(client, http, url,
     direct = http.post(url, json=body)
     assert out["response"]["status_code"] == direct.status_code == 200
     assert stable(out["response"]["body"]) == stable(direct.json())
+    if url == "/v1/responses":  # a batch line is never stored; the direct call is
+        assert http.get(f"/v1/responses/{out['response']['body']['id']}").status_code == 404
+        assert http.get(f"/v1/responses/{direct.json()['id']}").status_code == 200
 
 
 def test_a_stalled_upload_gets_408(daemon):
