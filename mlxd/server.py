@@ -74,9 +74,14 @@ class MlxdServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         fleet = asyncio.ensure_future(self.state.fleet.run())
         fleet.add_done_callback(_log_task_error)
+        batches = self.state.batches
+        if batches is not None:
+            await batches.start()
         try:
             await super().serve(sockets)
         finally:
+            if batches is not None:
+                await batches.stop()
             fleet.cancel()
 
     @contextlib.contextmanager

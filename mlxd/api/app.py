@@ -12,6 +12,9 @@ from litestar.types import ControllerRouterHandler
 
 from mlxd.api.anthropic.errors import ANTHROPIC
 from mlxd.api.anthropic.routes import MESSAGES_PATH, messages_router
+from mlxd.api.batches.files import FilesController
+from mlxd.api.batches.routes import BatchesController
+from mlxd.api.batches.service import BatchService
 from mlxd.api.http.errors import OPENAI, Envelopes, error_handlers
 from mlxd.api.http.keys import api_key_guard
 from mlxd.api.http.requestlog import request_log
@@ -23,6 +26,7 @@ from mlxd.api.ops.metrics import MetricsController
 from mlxd.api.ops.stats import StatsController
 from mlxd.api.responses.routes import ResponsesController
 from mlxd.api.state import AppState, provide_app_state
+from mlxd.dashboard.batch_actions import BatchActionsController
 from mlxd.dashboard.editor import EditorController
 from mlxd.dashboard.login import LoginController
 from mlxd.dashboard.model_actions import ModelActionsController
@@ -57,6 +61,8 @@ def route_handlers() -> list[ControllerRouterHandler]:
             EmbeddingsController,  # /v1/embeddings
             ResponsesController,  # /v1/responses
             messages_router(),  # /v1/messages: Anthropic's, in its own envelope
+            FilesController,  # /v1/files (the Batch API's files)
+            BatchesController,  # /v1/batches
         ],
         guards=[api_key_guard],
         middleware=[request_log],
@@ -75,6 +81,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
         LoginController,  # /dashboard/login
         EditorController,  # /dashboard/config
         ModelActionsController,  # /dashboard/models
+        BatchActionsController,  # /dashboard/batches/cancel
         static,  # /static
     ]
 
@@ -107,4 +114,6 @@ def make_app(state: AppState) -> Litestar:
         debug=False,
     )
     app.state.mlxd = state
+    # Started on the event loop by the server; it runs batch lines through ``app``.
+    state.batches = BatchService(state, app)
     return app

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from litestar import Request, Response
 from litestar.response import Stream
 
+from mlxd.api.batches.dispatch import batch_mark
 from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
@@ -223,6 +225,9 @@ async def generate(
     """
     try:
         gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
+        mark = batch_mark(request.scope)
+        if mark is not None:  # a Batch API line: the idle-time class, its batch's owner
+            gen = dataclasses.replace(gen, priority="batch", client=mark.client)
         handle = lease.engine.submit(gen)
     except BaseException:
         lease.release()

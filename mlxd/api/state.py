@@ -56,6 +56,9 @@ class AppState:
         self.compile_observers: list[Callable[[float, bool], None]] = []
         # SIGHUP, /admin/reload and the editor never reload at the same time.
         self.reload_lock = asyncio.Lock()
+        # The Batch API's BatchService (set by make_app, started by the server); None in
+        # bare test apps. Typed loosely: mlxd.api.batches imports this module.
+        self.batches: Any = None
 
     @property
     def engine(self) -> Engine:

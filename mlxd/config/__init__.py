@@ -21,6 +21,7 @@ from mlxd.config.entry import ModelEntry
 from mlxd.config.issues import ConfigError, ConfigIssue, parse_toml
 from mlxd.config.loading import dump_toml, load_settings
 from mlxd.config.sections import (
+    BatchesSettings,
     BatchSettings,
     ClusterSettings,
     LaneChoice,
@@ -43,6 +44,7 @@ from mlxd.config.units import Bytes, KeepAlive, KvBudget, format_bytes, parse_by
 __all__ = [
     "SECTIONS",
     "BatchSettings",
+    "BatchesSettings",
     "Bytes",
     "ClusterSettings",
     "ConfigError",

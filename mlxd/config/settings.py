@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, TomlConfigSettin
 
 from mlxd.config.entry import ModelEntry
 from mlxd.config.sections import (
+    BatchesSettings,
     BatchSettings,
     ClusterSettings,
     LaneSettings,
@@ -69,6 +70,7 @@ class Settings(BaseSettings):
     sampling: SamplingSettings = SamplingSettings()
     limits: LimitSettings = LimitSettings()
     responses: ResponsesSettings = ResponsesSettings()
+    batches: BatchesSettings = BatchesSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     memory: MemorySettings = MemorySettings()
     cluster: ClusterSettings | None = None

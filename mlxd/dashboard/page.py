@@ -24,6 +24,7 @@ from mlxd.api.ops.recent import install_recent
 from mlxd.api.ops.stats import NO_STORE, daemon_stats
 from mlxd.api.state import AppState, Mlxd
 from mlxd.dashboard import logtail, procmem
+from mlxd.dashboard.batch_actions import batches_state
 from mlxd.dashboard.login import LOGIN_PATH
 from mlxd.dashboard.model_actions import panel_state
 from mlxd.dashboard.regions import REGIONS, format_page, format_region
@@ -64,6 +65,7 @@ def dashboard_state(
     state["admin"] = admin
     if fleet:  # only the models panel reads it
         state |= panel_state(request, mlxd, admin)
+    state |= batches_state(request, mlxd, admin)
     return state
 
 

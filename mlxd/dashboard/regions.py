@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxd.dashboard import activity, charts, events, status
+from mlxd.dashboard.batches_panel import batches_panel
 from mlxd.dashboard.cluster_panel import cluster_panel
 from mlxd.dashboard.formatting import Formatted
 from mlxd.dashboard.models_panel import models_panel
@@ -33,6 +34,7 @@ REGIONS: dict[str, Formatter] = {
     "pending-queue": activity.pending_queue,
     "event-log": events.event_log,
     "counters": activity.counters,
+    "batches": batches_panel,
     "prompt-cache": prompt_cache_panel,
     "log-tail": events.log_tail,
     "cluster": cluster_panel,

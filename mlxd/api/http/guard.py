@@ -7,7 +7,9 @@ too) and refuses:
   with 421 Misdirected Request: this is what stops DNS rebinding, where a web
   page on an attacker's name that resolves to this machine talks to mlxd with
   the visitor's browser;
-- a body sent to ``/v1`` without a JSON ``Content-Type`` with 415: browsers
+- a body sent to ``/v1`` without a JSON ``Content-Type`` with 415 (but for the
+  Batch API's multipart file upload, ``POST /v1/files``, read by its route
+  under ``[batches]`` limits instead of here): browsers
   send ``text/plain``, form and multipart bodies (and bodies with no type)
   cross-site without a CORS preflight, and a JSON API has no use for them;
 - a body that declares more than ``[limits] max_body_bytes`` with 413, on
@@ -98,7 +100,14 @@ class RequestGuard:
             return
         limits = settings.limits
         refusal = None
-        if scope.get("method") in _BODY_METHODS:
+        if _is_upload(scope, path):
+            # POST /v1/files: a multipart file, read by its route under [batches]
+            # max_file_bytes and upload_timeout, streamed to disk (mlxd.api.batches.upload).
+            refusal = _upload_refusal(scope, settings.batches.max_file_bytes)
+            if refusal is None:
+                await self.app(scope, receive, send)
+                return
+        elif scope.get("method") in _BODY_METHODS:
             refusal = _body_refusal(scope, path, limits.max_body_bytes)
         if refusal is None and _has_body(scope):
             body, refusal = await _read(receive, limits.max_body_bytes, limits.body_timeout)
@@ -149,6 +158,34 @@ def _body_refusal(scope: dict[str, Any], path: str, limit: int) -> tuple[int, st
             )
     elif declared is None and _header(scope, b"transfer-encoding") is not None:
         return 411, "A request body outside /v1 must declare its Content-Length.", "length_required"
+    return None
+
+
+# The one route whose body is neither JSON nor read here: the Batch API's file upload.
+UPLOAD_PATHS = frozenset({"/v1/files", "/v1/files/"})
+
+
+def _is_upload(scope: dict[str, Any], path: str) -> bool:
+    if scope.get("method") != "POST" or path not in UPLOAD_PATHS:
+        return False
+    content_type = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+    return content_type == "multipart/form-data"
+
+
+def _upload_refusal(scope: dict[str, Any], limit: int) -> tuple[int, str, str] | None:
+    # A browser may send a multipart form cross-site without a preflight: a web page
+    # must not upload to this daemon, so an upload from another origin is refused.
+    origin = _header(scope, b"origin")
+    if origin is not None and origin.partition("://")[2] != (_header(scope, b"host") or ""):
+        return 403, "A file upload from another web origin is refused.", "cross_origin_upload"
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        return (
+            413,
+            f"The upload is {int(declared)} bytes; this server accepts files of at most "
+            f"{limit} bytes (batches.max_file_bytes).",
+            "file_too_large",
+        )
     return None
 
 

@@ -9,6 +9,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from pydantic import SecretStr
 
+from mlxd.api.batches.dispatch import batch_mark
 from mlxd.api.http.errors import OpenAIError
 
 
@@ -36,6 +37,8 @@ def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     keys = connection.app.state.mlxd.settings.server.api_keys
     if not keys or key_accepted(connection.headers, keys):
         return
+    if batch_mark(connection.scope) is not None:
+        return  # a Batch API line, run in process for the key that created its batch
     raise OpenAIError(
         401,
         "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' "

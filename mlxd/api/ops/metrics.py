@@ -37,6 +37,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from mlxd.api.batches.metrics import BatchCollector
 from mlxd.api.ops.engine_metrics import LANES, SnapshotCollector
 from mlxd.api.ops.fleet_metrics import FleetCollector
 from mlxd.api.ops.recent import inter_token_s
@@ -74,6 +75,7 @@ class Metrics:
             SnapshotCollector(self.snapshots, self._primary, lambda: state.reload_log.config)
         )
         self.registry.register(FleetCollector(state.fleet.status))
+        self.registry.register(BatchCollector(lambda: state.batches))
         hist = self._histogram
         self.queue_wait = hist(
             "mlxd_queue_wait_seconds", "Arrival to admission, per completed request.", QUEUE_BUCKETS

@@ -115,6 +115,8 @@ class StatsController(Controller):
         # Every configured model, and the memory budget they share (docs/api.md).
         body["fleet"] = fleet_stats(mlxd, admin=admin)
         body["responses"] = responses_stats(mlxd)
+        if mlxd.batches is not None:  # the Batch API (docs/api.md, ``batches``)
+            body["batches"] = mlxd.batches.stats()
         return Response(body, headers=NO_STORE)
 
 

@@ -14,6 +14,7 @@ from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
+from mlxd.api.batches.dispatch import batch_mark
 from mlxd.api.generate import (
     Output,
     acquire,
@@ -98,8 +99,12 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
             state, lease, call.gen, json_param="text.format", tools_param="tool_choice"
         )
 
+    # A Batch API line is never stored: thousands of them would evict every interactive
+    # user's stored responses (docs/batches.md).
+    storing = call.store and batch_mark(request.scope) is None
+
     def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
-        if call.store and call.generate:  # a warm-up has no turn to continue
+        if storing and call.generate:  # a warm-up has no turn to continue
             state.responses.put(call.gen.id, response, (*call.history, turn), owner=owner)
 
     def make_output(accepted: Accepted, _lookup: CacheLookup) -> Output:

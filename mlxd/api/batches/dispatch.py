@@ -1,0 +1,104 @@
+"""One batch line run through the app itself: the route, checks and envelope of a direct call.
+
+A line is an in-process ASGI request to the Litestar app (inside the request
+guard, whose limits the upload already applied): the route decodes and
+validates the body, :func:`mlxd.api.generate.generate` submits it, the
+route's error handlers shape any refusal. So a line's ``status_code`` and
+``body`` are what the same request sent over HTTP would get, by
+construction. The scope carries :class:`BatchMark` (no client can put a key
+in an ASGI scope): the API-key guard lets it pass (the batch's owner was
+checked when the batch was created) and :func:`~mlxd.api.generate.generate`
+gives the request the ``batch`` priority and the owner as its client.
+
+Cancelling a line (its batch cancelled) is a client disconnect: the route
+cancels the generation at its next token, as for a client that went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# The scope key a batch line's request carries.
+BATCH_SCOPE_KEY = "mlxd.batch"
+
+
+@dataclass(frozen=True)
+class BatchMark:
+    """What a batch line's request carries in its ASGI scope."""
+
+    batch_id: str
+    custom_id: str
+    client: str | None
+
+
+@dataclass(frozen=True)
+class LineAnswer:
+    status: int
+    body: Any
+    request_id: str | None
+
+
+def batch_mark(scope: Any) -> BatchMark | None:
+    """The batch a request runs for, or None for a request from a client."""
+    mark = scope.get(BATCH_SCOPE_KEY) if isinstance(scope, dict) else None
+    return mark if isinstance(mark, BatchMark) else None
+
+
+async def run_line(
+    app: Any, url: str, body: dict[str, Any], mark: BatchMark, cancel: asyncio.Event
+) -> LineAnswer:
+    """POST ``body`` to ``url`` through ``app``; the answer as the client would read it."""
+    data = json.dumps(body).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": url,
+        "raw_path": url.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"localhost"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(data)).encode()),
+        ],
+        "client": ("batch", 0),
+        "server": ("localhost", 0),
+        "state": {},
+        BATCH_SCOPE_KEY: mark,
+    }
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        await cancel.wait()
+        return {"type": "http.disconnect"}
+
+    status = 500
+    headers: dict[bytes, bytes] = {}
+    chunks: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, headers
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+            headers = {k.lower(): v for k, v in message.get("headers", ())}
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    raw = b"".join(chunks)
+    try:
+        answer: Any = json.loads(raw) if raw else None
+    except ValueError:
+        answer = raw.decode("utf-8", "replace")
+    request_id = headers.get(b"x-request-id")
+    return LineAnswer(status, answer, request_id.decode() if request_id else None)

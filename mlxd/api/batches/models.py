@@ -1,0 +1,101 @@
+"""Which model a batch line runs on, and how much room that model has for batch lines now.
+
+The line's ``body.model`` is routed as the direct call would route it (an
+id, an alias, or the default model of the endpoint's kind); the fleet's view
+and the chat engine's snapshot give the numbers :mod:`mlxd.api.batches.lane`
+decides on. A name that routes nowhere gets room for one line at a time: it
+runs and gets the direct call's 404 or 400.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mlxd.api.batches.jsonl import RequestLine
+from mlxd.api.batches.lane import ChatLoad, chat_room, embedding_room, may_load
+
+if TYPE_CHECKING:
+    from mlxd.engine import Fleet, FleetStatus, ModelState
+
+
+@dataclass(frozen=True)
+class Room:
+    lines: int
+    key: str  # the model id (or the name asked for, when it routes nowhere)
+    reason: str | None = None  # why there is no room, for the dashboard
+
+
+def kind_of(url: str) -> str:
+    return "embedding" if url == "/v1/embeddings" else "chat"
+
+
+def route(status: FleetStatus, name: object, kind: str) -> ModelState | None:
+    """The configured model a line's ``model`` names (None: it routes nowhere)."""
+    for model in status.models:
+        if model.kind != kind:
+            continue
+        if name is None and model.default:
+            return model
+        if isinstance(name, str) and (name == model.id or name in model.aliases):
+            return model
+    return None
+
+
+@lru_cache(maxsize=64)
+def weights_on_disk(path: str) -> int | None:
+    """Bytes of a model directory's weight files (what a load will at least take)."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        return None
+    sizes = [f.stat().st_size for f in directory.glob("*.safetensors")]
+    return sum(sizes) if sizes else None
+
+
+def room_for(fleet: Fleet, line: RequestLine, mine: dict[str, int], max_rows: int | None) -> Room:
+    """How many batch lines ``line``'s model may take now (``mine``: ours in flight, by model)."""
+    kind = kind_of(line.url)
+    status = fleet.status()
+    model = route(status, line.body.get("model"), kind)
+    if model is None:
+        key = f"?{line.body.get('model')}"
+        return Room(0 if mine.get(key) else 1, key)
+    held = mine.get(model.id, 0)
+    if model.state == "loaded":
+        if kind == "embedding":
+            engine = model.engine
+            lines = embedding_room(
+                True, int(engine.get("queued", 0)), int(engine.get("running", 0)), held
+            )
+            return Room(lines, model.id, None if lines else f"{model.id} is busy")
+        snapshot = fleet.snapshots().get(model.id)
+        if snapshot is None:
+            return Room(0, model.id, f"{model.id} has no engine")
+        load = ChatLoad(
+            ready=snapshot.state == "ready",
+            rows=len(snapshot.rows),
+            waiting=len(snapshot.pending),
+            width=snapshot.batch.configured if snapshot.batch.batched else 1,
+        )
+        lines = chat_room(load, held, max_rows)
+        reason = None
+        if not lines:
+            reason = (
+                f"interactive requests wait for {model.id}"
+                if load.waiting
+                else f"{model.id} has no free row for batch lines"
+            )
+        return Room(lines, model.id, reason)
+    if model.state in ("loading", "unloading") or held:
+        return Room(0, model.id, f"{model.id} is {model.state}")
+    needed = weights_on_disk(model.path) if model.path else None
+    if may_load(status.free_bytes, needed, len(status.memory_queue)):
+        return Room(1, model.id)
+    return Room(
+        0,
+        model.id,
+        f"{model.id} is not loaded and does not fit in the free memory budget; "
+        "a batch never unloads a model to make room",
+    )
