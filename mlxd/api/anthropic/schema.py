@@ -153,24 +153,71 @@ def _turn(role: str, content: Any, where: str) -> list[dict]:
     return out
 
 
+def _reminder(text: str) -> str:
+    """A system message inside the conversation, as the user turn carries it."""
+    return f"<system-reminder>\n{text}\n</system-reminder>"
+
+
+def _merge_system(out: list[dict], text: str, *, leading: bool) -> None:
+    """A ``system`` message of ``messages`` where the template can take it, in place.
+
+    Before any user or assistant message it joins the system prompt (its own
+    system message when there is none). Later it stays where it was sent
+    (moving it to the front would change the prompt's start and lose the
+    prefix cache on every turn): it joins the user turn just before it as a
+    ``<system-reminder>`` block, or opens a user turn that the next user
+    message joins. Chat templates refuse or misplace system messages in the
+    middle of a conversation, so none is rendered there.
+    """
+    if not text:
+        return
+    if leading:
+        if out and out[-1]["role"] == "system":
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{text}"}
+        else:
+            out.append({"role": "system", "content": text})
+        return
+    last = out[-1] if out else None
+    if last is not None and last["role"] == "user" and isinstance(last.get("content"), str):
+        out[-1] = {**last, "content": f"{last['content']}\n\n{_reminder(text)}"}
+    else:
+        out.append({"role": "user", "content": _reminder(text), "mlxd_reminder": True})
+
+
+def _join_reminder(out: list[dict], msg: dict) -> bool:
+    """A user message after a reminder that opened a user turn joins that turn."""
+    last = out[-1] if out else None
+    if last is None or not last.get("mlxd_reminder") or msg["role"] != "user":
+        return False
+    out[-1] = {"role": "user", "content": f"{last['content']}\n\n{msg['content']}"}
+    return True
+
+
 def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
     """``system`` and ``messages`` as chat messages in the template's shape."""
     if not body.messages:
         raise bad("messages", "'messages' must contain at least one message.")
     out = list(_system(body.system))
     calls: set[str] = set()  # the tool_use ids of the previous assistant message
+    leading = True  # no user or assistant message yet
     for i, m in enumerate(body.messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(where, "A message must be an object.")
         role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise bad(f"{where}.role", f"Invalid role {role!r}: use 'user' or 'assistant'.")
+        if role not in ("user", "assistant", "system"):
+            raise bad(
+                f"{where}.role", f"Invalid role {role!r}: use 'user', 'assistant' or 'system'."
+            )
         extra = set(m) - {"role", "content"}
         if extra:
             raise bad(where, f"Extra inputs are not permitted: {', '.join(sorted(extra))}.")
         if "content" not in m:
             raise bad(f"{where}.content", f"{where} has no content.")
+        if role == "system":
+            _merge_system(out, _content(m["content"], f"{where}.content"), leading=leading)
+            continue
+        leading = False
         turn = _turn(role, m["content"], f"{where}.content")
         _check_results(turn, calls, where)
         calls = {c["id"] for msg in turn for c in msg.get("tool_calls") or ()}
@@ -180,7 +227,11 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
                     msg = history_message(msg, i, msg.get("content"))
                 except OpenAIError as exc:
                     raise relabel(exc, f"messages[{i}].tool_calls", f"{where}.content") from None
-            out.append(msg)
+            if not _join_reminder(out, msg):
+                out.append(msg)
+    out = [{k: v for k, v in msg.items() if k != "mlxd_reminder"} for msg in out]
+    if not any(msg["role"] != "system" for msg in out):
+        raise bad("messages", "'messages' needs a user message, not only system messages.")
     if out[-1]["role"] == "assistant":
         raise unsupported(
             f"messages[{len(body.messages) - 1}]",
@@ -339,7 +390,10 @@ def messages_request(
         raise unsupported("mcp_servers", "remote MCP servers are not implemented.")
     refusal = bad("mlxd_fault", "Extra inputs are not permitted: mlxd_fault.")
     fault = params.fault(req.mlxd_fault, allowed=faults, refusal=refusal)
-    params.max_tokens("max_tokens", req.max_tokens, settings)
+    # Agents ask for long budgets (Claude Code: 32000) and expect the server to
+    # stop at its own limit: clamped, the answer ends with stop_reason max_tokens.
+    max_tokens = min(req.max_tokens, settings.limits.max_tokens)
+    params.max_tokens("max_tokens", max_tokens, settings)
     _metadata(req.metadata)
     sampled = params.sampling(
         settings, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k
@@ -350,10 +404,11 @@ def messages_request(
     gen = GenerationRequest(
         id=f"msg_{uuid.uuid4().hex[:24]}",
         prompt=prompt,
-        max_tokens=req.max_tokens,
+        max_tokens=max_tokens,
         sampling=sampled,
         stop=params.stops(req.stop_sequences, "stop_sequences"),
         parse_tools=plan.parse,
+        tools_ignored=plan.ignored,
         constraint=constraint or plan.constraint,
         api="messages",
         fault=fault,
