@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from litestar import Request, Response
 from litestar.response import Stream
 
+from mlxd.api.forced_tool import force_tool_call
 from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
@@ -288,6 +289,10 @@ async def generate(
     """
     try:
         gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
+        forced = force_tool_call(gen, lease.info, enabled=state.fault_injection)
+        if forced is not gen:  # test-only (MLXD_FORCE_TOOL_CALL): compile its grammar
+            await warm_constraint(state, lease, forced, json_param="", tools_param="tool_choice")
+            gen = forced
         handle = lease.engine.submit(gen)
     except BaseException:
         lease.release()
