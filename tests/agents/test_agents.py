@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.agents import agent_command
+from tests.support.agents import CLAUDE_ENV, agent_command, codex_config
 from tests.support.daemon import Daemon
 from tests.support.tinymodels import LONG_CONTEXT_FAMILY, tiny_model_dir
 
@@ -73,7 +73,9 @@ class Agents:
         self.home.mkdir()
         self.codex_home.mkdir()
         (self.codex_home / "instructions.md").write_text("You are a coding agent. Be terse.\n")
-        (self.codex_home / "config.toml").write_text(codex_config(daemon, self.codex_home))
+        instructions = self.codex_home / "instructions.md"
+        config = codex_config(MODEL, daemon.url, instructions)
+        (self.codex_home / "config.toml").write_text(config)
 
     def _run(self, cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[str, list[dict]]:
         before = lookups(self.daemon)
@@ -99,10 +101,7 @@ class Agents:
             "ANTHROPIC_AUTH_TOKEN": "mlxd",
             "ANTHROPIC_MODEL": MODEL,
             "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_ERROR_REPORTING": "1",
+            **CLAUDE_ENV,
         }
         cmd = [*agent_command("claude"), "-p", *args, "--output-format", "stream-json"]
         cmd += ["--verbose", "--system-prompt", "You are terse."]
@@ -114,30 +113,6 @@ class Agents:
         cmd = [*agent_command("codex"), "exec", "--skip-git-repo-check", "--json", *args]
         out, requests = self._run(cmd, cwd, {"CODEX_HOME": str(self.codex_home)})
         return [json.loads(line) for line in out.splitlines() if line.startswith("{")], requests
-
-
-def codex_config(daemon: Daemon, home: Path) -> str:
-    """docs/agents.md's Codex config, plus the switches that keep a test turn short."""
-    return f"""\
-model = "{MODEL}"
-model_provider = "mlxd"
-model_context_window = 131072
-model_instructions_file = "{home / "instructions.md"}"
-include_permissions_instructions = false
-web_search = "disabled"
-approval_policy = "never"
-sandbox_mode = "danger-full-access"
-
-[model_providers.mlxd]
-name = "mlxd"
-base_url = "{daemon.url}/v1"
-wire_api = "responses"
-request_max_retries = 0
-stream_max_retries = 0
-
-[analytics]
-enabled = false
-"""
 
 
 @pytest.fixture(scope="module")

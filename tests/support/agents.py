@@ -24,7 +24,15 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["AGENTS", "Agent", "agent_command", "agents_root", "require_node"]
+__all__ = [
+    "AGENTS",
+    "CLAUDE_ENV",
+    "Agent",
+    "agent_command",
+    "agents_root",
+    "codex_config",
+    "require_node",
+]
 
 
 @dataclass(frozen=True)
@@ -101,3 +109,36 @@ def agent_command(name: str) -> list[str]:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return [node, str(launcher)]
+
+
+# What the tests set for Claude Code besides its base URL, key and model
+# (docs/agents.md's block sets the same; tests/unit/test_agents_doc.py checks).
+CLAUDE_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+}
+
+
+def codex_config(model: str, base_url: str, instructions: Path) -> str:
+    """docs/agents.md's Codex config, plus the switches it lists to keep a turn short."""
+    return f"""\
+model = "{model}"
+model_provider = "mlxd"
+model_context_window = 131072
+model_instructions_file = "{instructions}"
+include_permissions_instructions = false
+web_search = "disabled"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+
+[model_providers.mlxd]
+name = "mlxd"
+base_url = "{base_url}/v1"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+
+[analytics]
+enabled = false
+"""
