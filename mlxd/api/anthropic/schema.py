@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from mlxd.api import params
+from mlxd.api.anthropic.system import join_reminder, merge_system
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.openai.tools import (
     ToolPlan,
@@ -153,46 +154,6 @@ def _turn(role: str, content: Any, where: str) -> list[dict]:
     return out
 
 
-def _reminder(text: str) -> str:
-    """A system message inside the conversation, as the user turn carries it."""
-    return f"<system-reminder>\n{text}\n</system-reminder>"
-
-
-def _merge_system(out: list[dict], text: str, *, leading: bool) -> None:
-    """A ``system`` message of ``messages`` where the template can take it, in place.
-
-    Before any user or assistant message it joins the system prompt (its own
-    system message when there is none). Later it stays where it was sent
-    (moving it to the front would change the prompt's start and lose the
-    prefix cache on every turn): it joins the user turn just before it as a
-    ``<system-reminder>`` block, or opens a user turn that the next user
-    message joins. Chat templates refuse or misplace system messages in the
-    middle of a conversation, so none is rendered there.
-    """
-    if not text:
-        return
-    if leading:
-        if out and out[-1]["role"] == "system":
-            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{text}"}
-        else:
-            out.append({"role": "system", "content": text})
-        return
-    last = out[-1] if out else None
-    if last is not None and last["role"] == "user" and isinstance(last.get("content"), str):
-        out[-1] = {**last, "content": f"{last['content']}\n\n{_reminder(text)}"}
-    else:
-        out.append({"role": "user", "content": _reminder(text), "mlxd_reminder": True})
-
-
-def _join_reminder(out: list[dict], msg: dict) -> bool:
-    """A user message after a reminder that opened a user turn joins that turn."""
-    last = out[-1] if out else None
-    if last is None or not last.get("mlxd_reminder") or msg["role"] != "user":
-        return False
-    out[-1] = {"role": "user", "content": f"{last['content']}\n\n{msg['content']}"}
-    return True
-
-
 def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
     """``system`` and ``messages`` as chat messages in the template's shape."""
     if not body.messages:
@@ -215,7 +176,7 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
         if "content" not in m:
             raise bad(f"{where}.content", f"{where} has no content.")
         if role == "system":
-            _merge_system(out, _content(m["content"], f"{where}.content"), leading=leading)
+            merge_system(out, _content(m["content"], f"{where}.content"), leading=leading)
             continue
         leading = False
         turn = _turn(role, m["content"], f"{where}.content")
@@ -227,7 +188,7 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
                     msg = history_message(msg, i, msg.get("content"))
                 except OpenAIError as exc:
                     raise relabel(exc, f"messages[{i}].tool_calls", f"{where}.content") from None
-            if not _join_reminder(out, msg):
+            if not join_reminder(out, msg):
                 out.append(msg)
     out = [{k: v for k, v in msg.items() if k != "mlxd_reminder"} for msg in out]
     if not any(msg["role"] != "system" for msg in out):
