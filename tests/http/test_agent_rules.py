@@ -13,6 +13,7 @@ keep-alives while a long prompt is read, in each API's own form.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import httpx
@@ -112,6 +113,9 @@ def test_head_root_answers_200(daemon: Daemon):
     """Claude Code probes ``HEAD /`` at every start."""
     r = httpx.head(f"{daemon.url}/")
     assert r.status_code == 200 and r.content == b""
+    # GET / still goes to the dashboard.
+    r = httpx.get(f"{daemon.url}/", follow_redirects=False)
+    assert r.status_code == 302 and r.headers["location"] == "/dashboard"
 
 
 def test_system_messages_inside_messages_are_served(daemon: Daemon):
@@ -208,7 +212,9 @@ def test_streams_stay_alive_while_a_long_prompt_is_read(
     daemon, path, body, first, keepalive, content
 ):
     """The stream starts before the prefill; keep-alives follow until the first token."""
-    events = _events(daemon, "/v1" + path[3:], {"model": "tools", **body})
+    # A prompt of its own, from its first token: nothing of it is in the prompt cache.
+    fresh = json.loads(json.dumps(body).replace("The quick", f"{uuid.uuid4().hex} The quick", 1))
+    events = _events(daemon, path, {"model": "tools", **fresh})
     assert events[0] == first, events
     before = events[: events.index(content)] if content else events
     assert before.count(keepalive) >= (2 if keepalive == "response.in_progress" else 1), events
