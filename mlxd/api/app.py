@@ -21,7 +21,7 @@ from mlxd.api.http.requestlog import request_log
 from mlxd.api.openai.embeddings import EmbeddingsController
 from mlxd.api.openai.routes import OpenAIController
 from mlxd.api.ops.admin import AdminController
-from mlxd.api.ops.health import HealthController
+from mlxd.api.ops.health import HealthController, root_probe
 from mlxd.api.ops.metrics import MetricsController
 from mlxd.api.ops.stats import StatsController
 from mlxd.api.responses.routes import ResponsesController
@@ -77,6 +77,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
         MetricsController,  # /metrics
         AdminController,  # /admin/reload
         to_dashboard,  # / -> /dashboard
+        root_probe,  # HEAD /: 200 (Claude Code probes it)
         DashboardController,  # /dashboard and its regions
         LoginController,  # /dashboard/login
         EditorController,  # /dashboard/config

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +23,7 @@ from litestar import Request, Response
 from litestar.response import Stream
 
 from mlxd.api.batches.dispatch import batch_mark
+from mlxd.api.forced_tool import force_tool_call
 from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
@@ -45,6 +47,9 @@ from mlxd.engine import (
 
 if TYPE_CHECKING:
     from mlxd.engine import Lease
+
+# The number of tools left out of a request to a model that cannot call tools.
+TOOLS_IGNORED_HEADER = "X-Mlxd-Tools-Ignored"
 
 
 def check_accepting(state: AppState) -> None:
@@ -106,7 +111,8 @@ def check_values(info: ModelInfo | None, gen: GenerationRequest) -> None:
         check_request(gen, info)
     except IntakeError as exc:
         param = prompt_param(gen, exc.param)
-        raise OpenAIError(400, str(exc), code=exc.code, param=param) from None
+        err = OpenAIError(400, str(exc), code=exc.code, param=param)
+        raise worded(gen, err, info) from None
 
 
 async def warm_constraint(
@@ -138,11 +144,36 @@ def prompt_param(gen: GenerationRequest, param: str | None) -> str | None:
     return param
 
 
-def refusal(gen: GenerationRequest, failed: Failed) -> OpenAIError:
+_TOO_LONG = re.compile(
+    r"maximum context length is (\d+) tokens\. However, your prompt is (\d+) (tokens|characters)"
+)
+
+
+def worded(gen: GenerationRequest, err: OpenAIError, info: ModelInfo | None) -> OpenAIError:
+    """``err`` in the words its API's clients parse.
+
+    Claude Code compacts its conversation only on Anthropic's own wording of
+    a context overflow, ``prompt is too long: N tokens > M maximum`` (M: the
+    longest prompt that leaves room for one token).
+    """
+    if gen.api != "messages" or err.code != "context_length_exceeded":
+        return err
+    found = _TOO_LONG.search(err.message)
+    if found is None:
+        return err
+    ctx, size, unit = int(found[1]), int(found[2]), found[3]
+    if unit == "characters":  # refused before tokenizing: at least this many tokens
+        per_token = info.max_token_chars if info is not None and info.max_token_chars else 1
+        size = max(ctx, -(-size // per_token))
+    err.message = f"prompt is too long: {size} tokens > {ctx - 1} maximum"
+    return err
+
+
+def refusal(gen: GenerationRequest, failed: Failed, info: ModelInfo | None = None) -> OpenAIError:
     """The engine's refusal or failure of ``gen`` as an error of its API."""
     err = OpenAIError.from_failed(failed)
     err.param = prompt_param(gen, err.param)
-    return err
+    return worded(gen, err, info)
 
 
 class Output(Protocol):
@@ -164,6 +195,37 @@ class Output(Protocol):
 
     def stream_error(self, failed: Failed) -> list[bytes]: ...
 
+    def stream_keepalive(self) -> list[bytes]: ...
+
+
+async def _events_or_keepalive(
+    handle: RequestHandle, every: float
+) -> AsyncIterator[Delta | Finished | Failed | None]:
+    """``handle``'s events, and None each time ``every`` seconds pass without one.
+
+    A long prefill sends nothing for minutes; clients and proxies with an idle
+    timer drop such a stream, so the caller sends a keep-alive on each None.
+    The pending read is kept across keep-alives (never cancelled mid-event).
+    """
+    events = aiter(handle.events())
+    pending: asyncio.Task[Any] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=every if every > 0 else None)
+            if not done:
+                yield None
+                continue
+            task, pending = pending, None
+            try:
+                yield task.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        if pending is not None:
+            pending.cancel()
+
 
 async def _watch_disconnect(request: Request, handle: RequestHandle) -> None:
     """Cancel ``handle`` when the client goes away (the body is already read)."""
@@ -179,12 +241,16 @@ async def _sse(
     output: Output,
     done: Callable[[Finished | Failed], None],
     lease: Lease,
+    keepalive: float,
 ) -> AsyncIterator[bytes]:
     try:
         for chunk in output.stream_start():
             yield chunk
-        async for event in handle.events():
-            if isinstance(event, Delta):
+        async for event in _events_or_keepalive(handle, keepalive):
+            if event is None:
+                for chunk in output.stream_keepalive():
+                    yield chunk
+            elif isinstance(event, Delta):
                 for chunk in output.stream_delta(event):
                     yield chunk
             elif isinstance(event, Finished):
@@ -228,6 +294,10 @@ async def generate(
         mark = batch_mark(request.scope)
         if mark is not None:  # a Batch API line: the idle-time class, its batch's owner
             gen = dataclasses.replace(gen, priority="batch", client=mark.client)
+        forced = force_tool_call(gen, lease.info, enabled=state.fault_injection)
+        if forced is not gen:  # test-only (MLXD_FORCE_TOOL_CALL): compile its grammar
+            await warm_constraint(state, lease, forced, json_param="", tools_param="tool_choice")
+            gen = forced
         handle = lease.engine.submit(gen)
     except BaseException:
         lease.release()
@@ -236,14 +306,15 @@ async def generate(
     try:
         accepted = await handle.accepted()
         if isinstance(accepted, Failed):
-            raise refusal(gen, accepted)
+            raise refusal(gen, accepted, lease.info)
         note = note_of(request.scope)
         note.accepted(accepted, gen.prompt_rules)
+        note.tools_ignored = gen.tools_ignored or None
         admitted = await handle.admitted()
         if isinstance(admitted, Failed):
             note.ended(admitted)
             state.observe(accepted, admitted)
-            raise refusal(gen, admitted)
+            raise refusal(gen, admitted, lease.info)
         lookup = admitted.lookup
         note.admitted(lookup)
         output = make_output(accepted, lookup)
@@ -255,6 +326,8 @@ async def generate(
         }
         if gen.prompt_rules:
             headers[PROMPT_RULES_HEADER] = ",".join(gen.prompt_rules)
+        if gen.tools_ignored:
+            headers[TOOLS_IGNORED_HEADER] = str(gen.tools_ignored)
 
         def done(outcome: Finished | Failed) -> None:
             note.ended(outcome)
@@ -263,7 +336,7 @@ async def generate(
         if stream:
             watcher.cancel()  # the streaming response listens for disconnects itself
             headers["Cache-Control"] = "no-cache"
-            body = _sse(handle, output, done, lease)
+            body = _sse(handle, output, done, lease, state.settings.server.stream_keepalive)
             # A stream the client left before its first byte is never iterated,
             # so its finally never runs: release the lease when it is collected.
             weakref.finalize(body, lease.release)
@@ -276,7 +349,7 @@ async def generate(
                 return Response(output.response(event), headers=headers)
             elif isinstance(event, Failed):
                 done(event)
-                raise refusal(gen, event)
+                raise refusal(gen, event, lease.info)
         raise OpenAIError(
             500, "the engine ended the request without an answer", code="internal_error"
         )

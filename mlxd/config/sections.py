@@ -84,6 +84,14 @@ class ServerSettings(Section):
     log_level: Literal["debug", "info", "warning", "error"] = _field(
         "info", "live", "Log level of the daemon (the --log-level flag wins)."
     )
+    stream_keepalive: float = _field(
+        15.0,
+        "live",
+        "Seconds a stream may go without an event (a long prefill) before mlxd sends a "
+        "keep-alive: an Anthropic ping, a Responses response.in_progress, a chat SSE comment; "
+        "0 turns them off.",
+        ge=0,
+    )
     log_requests: bool = _field(
         True, "live", "One info log line per /v1 request: route, status, lane, tokens, timings."
     )

@@ -124,6 +124,9 @@ class GenerationRequest:
     # The prompt rules the HTTP side applied to this request's prompt (the
     # names of [prompt_cache] volatile_rules that matched); the engine counts them.
     prompt_rules: tuple[str, ...] = ()
+    # How many tools the HTTP side left out because the model cannot call
+    # tools (tool_choice auto or absent); said in a header and the log line.
+    tools_ignored: int = 0
     # Who asks and how urgently (issue 23): the priority class the scheduler
     # orders waiting requests by ("batch" is the Batch API's idle-time class),
     # and the NAME of the API key that sent it (never the secret), or None.

@@ -109,9 +109,9 @@ def test_malformed_bodies(http, model, body, status, code, param):
         ({"logit_bias": {"5": 500}}, "invalid_value", "logit_bias"),
         ({"n": 2}, "unsupported_parameter", "n"),
         (
-            {"tools": [{"type": "function", "function": {"name": "f"}}]},
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
             "tools_unsupported",
-            "tools",
+            "tool_choice",
         ),
         ({"response_format": {"type": "xml"}}, "invalid_value", "response_format.type"),
         ({"frobnicate": True}, "unknown_parameter", "frobnicate"),

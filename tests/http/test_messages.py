@@ -248,3 +248,46 @@ def test_a_client_that_leaves_cancels_its_row(daemon, claude, model):
     assert re.search(
         r'^mlxd_api_requests_total\{api="messages",model="[^"]+"\} [1-9]', metrics, re.M
     )
+
+
+def test_the_demo_model_calls_tools_out_of_the_box(daemon, claude, model):
+    """With no config, the demo model renders tools with mlxd's shipped hermes-tools
+    template and parses its calls (json_tools): agents can be tried with no download."""
+    caps = httpx.get(f"{daemon.url}/v1/models/{model}").json()["capabilities"]
+    assert caps["tools"] is True and caps["tool_format"] == "json_tools"
+    weather = {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+        },
+    }
+    msg = claude.messages.create(
+        model=model,
+        max_tokens=60,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[weather],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    calls = [b for b in msg.content if b.type == "tool_use"]
+    assert msg.stop_reason == "tool_use" and [c.name for c in calls] == ["get_weather"]
+    assert isinstance(calls[0].input["city"], str)
+    # And the round trip: the tool's result goes back; the model answers (tools still sent).
+    reply = claude.messages.create(
+        model=model,
+        max_tokens=20,
+        tools=[weather],
+        messages=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": [c.model_dump() for c in calls]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": calls[0].id, "content": "sunny"}
+                ],
+            },
+        ],
+    )
+    assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use")

@@ -50,6 +50,7 @@ __all__ = [
     "CONTENT_VERSION",
     "EOS_TOKEN",
     "FAMILIES",
+    "LONG_CONTEXT_FAMILY",
     "SLIDING_WINDOW",
     "SPECIAL_TOKENS",
     "TEMPLATES",
@@ -319,7 +320,16 @@ _FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
-FAMILIES: tuple[str, ...] = tuple(_FAMILY_CONFIGS)
+# A llama whose config declares a long context, for real agents' prompts (tens of
+# thousands of tokens of system prompt and tools): tests/agents. Not in FAMILIES (it
+# is the llama family again), so the per-family tests do not run it twice.
+LONG_CONTEXT_FAMILY = "llama_long"
+_FAMILY_CONFIGS[LONG_CONTEXT_FAMILY] = {
+    **_FAMILY_CONFIGS["llama"],
+    "max_position_embeddings": 131072,
+}
+
+FAMILIES: tuple[str, ...] = tuple(f for f in _FAMILY_CONFIGS if f != LONG_CONTEXT_FAMILY)
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 

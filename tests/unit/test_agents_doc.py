@@ -8,9 +8,12 @@ import json
 import re
 import sys
 
+from mlxd.api.generate import TOOLS_IGNORED_HEADER
 from mlxd.api.prompt_rules import RULES
 from mlxd.config import PromptCacheSettings, load_settings
+from mlxd.engine.chat.loading import BUILTIN_TEMPLATES
 from tests.support import ROOT
+from tests.support.agents import AGENTS, CLAUDE_ENV, codex_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,3 +66,43 @@ def test_every_volatile_rule_is_explained_and_on_by_default():
         assert f"`{rule}`" in DOC, f"docs/agents.md does not explain the {rule} rule"
     assert PromptCacheSettings().volatile_rules == sorted(RULES)
     assert "volatile_rules = []" in DOC  # how to turn them off
+
+
+def test_the_versions_named_are_the_ones_the_tests_run():
+    for agent in AGENTS.values():
+        assert f"{agent.version}" in DOC and f"`{agent.package}`" in DOC, agent
+    assert "tests/agents/test_agents.py" in DOC
+
+
+def test_the_claude_code_block_sets_what_the_tests_set():
+    (env,) = [b for b in blocks("sh") if "ANTHROPIC_BASE_URL" in b]
+    values = dict(re.findall(r"^export (\w+)=(\S+)", env, re.M))
+    for name, value in CLAUDE_ENV.items():
+        assert values.get(name) == value, name
+
+
+def test_the_stream_idle_timeout_is_documented_above_claude_codes_floor():
+    (env,) = [b for b in blocks("sh") if "CLAUDE_STREAM_IDLE_TIMEOUT_MS" in b]
+    (value,) = re.findall(r"CLAUDE_STREAM_IDLE_TIMEOUT_MS=(\d+)", env)
+    assert int(value) > 300000  # Claude Code ignores values below its 5-minute floor
+    assert "stream_keepalive" in DOC
+
+
+def test_the_tests_codex_config_is_the_documented_one_plus_the_listed_switches(tmp_path):
+    (doc,) = [tomllib.loads(b) for b in blocks("toml") if "model_providers" in b]
+    tested = tomllib.loads(codex_config("m", "http://127.0.0.1:8080", tmp_path / "i.md"))
+    assert tested["model_provider"] == doc["model_provider"]
+    doc_provider = doc["model_providers"][doc["model_provider"]]
+    provider = tested["model_providers"][tested["model_provider"]]
+    assert provider["wire_api"] == doc_provider["wire_api"]
+    assert provider["base_url"] == doc_provider["base_url"]
+    # Every key the tests add is named in the doc's list of optional keys.
+    for key in set(tested) - set(doc) - {"model_providers"}:
+        assert f"`{key}" in DOC or f"`[{key}]" in DOC, key
+
+
+def test_the_tools_header_and_the_shipped_template_are_named():
+    assert f"`{TOOLS_IGNORED_HEADER}" in DOC
+    for name in BUILTIN_TEMPLATES:
+        assert f'chat_template = "{name}"' in DOC
+    assert "prompt is too long: N tokens > M maximum" in DOC

@@ -185,6 +185,55 @@ def test_count_tokens_builds_the_same_prompt():
     assert (err.code, err.param) == ("invalid_value", "messages")
 
 
+def test_max_tokens_above_the_limit_is_clamped_to_it():
+    # Claude Code asks for 32000; the server stops at [limits] max_tokens (256 here).
+    assert call(max_tokens=32000).gen.max_tokens == SETTINGS.limits.max_tokens == 256
+    assert call(max_tokens=256).gen.max_tokens == 256
+
+
+def test_leading_system_messages_join_the_system_prompt():
+    msgs = [
+        {"role": "system", "content": "more rules"},
+        {"role": "system", "content": [{"type": "text", "text": "and these"}]},
+        *HI,
+    ]
+    got = chat_prompt(call(system="be brief", messages=msgs).gen).messages
+    assert got == (
+        {"role": "system", "content": "be brief\n\nmore rules\n\nand these"},
+        {"role": "user", "content": "hi"},
+    )
+    alone = chat_prompt(call(messages=msgs).gen).messages
+    assert alone[0] == {"role": "system", "content": "more rules\n\nand these"}
+
+
+def test_later_system_messages_stay_where_they_were_sent():
+    """Claude Code's mid-conversation system messages: never hoisted to the front
+    (that would change the prompt's start every turn and lose the prefix cache)."""
+    first = [
+        {"role": "user", "content": "go"},
+        {"role": "system", "content": "tokens left: 900"},
+    ]
+    got = chat_prompt(call(system="S", messages=first).gen).messages
+    reminder = "<system-reminder>\ntokens left: 900\n</system-reminder>"
+    assert got == (
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": f"go\n\n{reminder}"},
+    )
+    # The next turn renders the earlier ones exactly as before: a prefix of it.
+    later = [
+        *first,
+        {"role": "assistant", "content": "ok"},
+        {"role": "system", "content": "note"},
+        {"role": "user", "content": "again"},
+    ]
+    got2 = chat_prompt(call(system="S", messages=later).gen).messages
+    assert got2[: len(got)] == got
+    assert got2[len(got) :] == (
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "<system-reminder>\nnote\n</system-reminder>\n\nagain"},
+    )
+
+
 CALL = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
 RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}
 
@@ -226,7 +275,6 @@ BAD = [
     ({"metadata": {"user_id": "u" * 257}}, "invalid_value", "metadata.user_id"),
     ({"metadata": {"user_id": 3}}, "invalid_value", "metadata.user_id"),
     ({"metadata": {"tenant": "t"}}, "invalid_value", "metadata.tenant"),
-    ({"max_tokens": 257}, "invalid_value", "max_tokens"),
     ({"temperature": 1.5}, "invalid_value", "temperature"),
     ({"temperature": 2.5}, "invalid_value", "temperature"),
     ({"top_p": 0}, "invalid_value", "top_p"),
@@ -236,7 +284,8 @@ BAD = [
     ({"mcp_servers": [{"url": "x"}]}, "unsupported_parameter", "mcp_servers"),
     ({"mlxd_fault": "bad_logits"}, "invalid_value", "mlxd_fault"),
     ({"messages": []}, "invalid_value", "messages"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "invalid_value", "messages[0].role"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "invalid_value", "messages"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "invalid_value", "messages[0].role"),
     ({"messages": [{"role": "user"}]}, "invalid_value", "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x", "name": "n"}]}, "invalid_value", "messages[0]"),
     ({"messages": [{"role": "user", "content": 3}]}, "invalid_value", "messages[0].content"),
@@ -369,5 +418,7 @@ def test_unknown_and_missing_fields_are_refused_by_the_decoder():
 
 
 def test_tools_for_a_model_without_a_parser():
-    err = refused(call, info=NO_TOOLS, tools=[WEATHER])
-    assert (err.code, err.param) == ("tools_unsupported", "tools")
+    gen = call(info=NO_TOOLS, tools=[WEATHER]).gen
+    assert gen.tools_ignored == 1 and gen.prompt.tools == () and gen.parse_tools is False
+    err = refused(call, info=NO_TOOLS, tools=[WEATHER], tool_choice={"type": "any"})
+    assert (err.code, err.param) == ("tools_unsupported", "tool_choice")

@@ -97,14 +97,21 @@ def test_a_named_choice_grammar_differs_from_required_and_parallel():
     assert chat(tools=[WEATHER, ADD], tool_choice="required").constraint == required.constraint
 
 
-@pytest.mark.parametrize(
-    ("info", "choice", "code"),
-    [(NO_TOOLS, "auto", "tools_unsupported"), (NO_TOOLS, "required", "tools_unsupported")],
-)
-def test_tools_for_a_model_without_a_tool_parser(info, choice, code):
-    err = refused(chat, info=info, tools=[WEATHER], tool_choice=choice)
-    assert (err.status, err.code, err.param) == (400, code, "tools")
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "w"}}])
+def test_forced_tools_for_a_model_without_a_tool_parser(choice):
+    tool = {"type": "function", "function": {**WEATHER["function"], "name": "w"}}
+    err = refused(chat, info=NO_TOOLS, tools=[tool], tool_choice=choice)
+    assert (err.status, err.code, err.param) == (400, "tools_unsupported", "tool_choice")
     assert "'plain' has no tool-call parser" in err.message
+
+
+@pytest.mark.parametrize("choice", [None, "auto"])
+def test_tools_to_a_model_without_a_tool_parser_are_left_out(choice):
+    """Open WebUI and agents send tools to every model: served without them, and said so."""
+    gen = chat(info=NO_TOOLS, tools=[WEATHER, ADD], tool_choice=choice)
+    assert gen.tools_ignored == 2 and gen.parse_tools is False and gen.constraint is None
+    assert gen.prompt.tools == ()
+    assert chat(tools=[WEATHER]).tools_ignored == 0
 
 
 def test_a_tool_format_without_a_grammar_refuses_forced_calls_only():

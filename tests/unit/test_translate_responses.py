@@ -354,7 +354,9 @@ def test_relabelled_messages_speak_of_the_responses_names():
 
 
 def test_tools_for_a_model_without_a_parser():
-    err = refused(call, info=NO_TOOLS, tools=[WEATHER])
-    assert (err.code, err.param) == ("tools_unsupported", "tools")
+    gen = call(info=NO_TOOLS, tools=[WEATHER]).gen
+    assert gen.tools_ignored == 1 and gen.prompt.tools == () and gen.parse_tools is False
+    err = refused(call, info=NO_TOOLS, tools=[WEATHER], tool_choice="required")
+    assert (err.code, err.param) == ("tools_unsupported", "tool_choice")
     # Hosted tools alone ask nothing of the model.
     assert call(info=NO_TOOLS, tools=[{"type": "web_search"}]).gen.parse_tools is False

@@ -176,6 +176,11 @@ class MessagesOutput:
         body = anthropic_error_body(failed.status, failed.message)
         return [event("error", error=body["error"])]
 
+    def stream_keepalive(self) -> list[bytes]:
+        # Anthropic's own keep-alive. Claude Code's idle timer skips pings (it
+        # counts other events): see docs/agents.md for CLAUDE_STREAM_IDLE_TIMEOUT_MS.
+        return [event("ping")]
+
 
 def _thinking(text: str) -> dict[str, Any]:
     # mlxd does not sign reasoning; the field is there because clients expect it.

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from mlxd.api import params
+from mlxd.api.anthropic.system import join_reminder, merge_system
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.openai.tools import (
     ToolPlan,
@@ -159,18 +160,25 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
         raise bad("messages", "'messages' must contain at least one message.")
     out = list(_system(body.system))
     calls: set[str] = set()  # the tool_use ids of the previous assistant message
+    leading = True  # no user or assistant message yet
     for i, m in enumerate(body.messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(where, "A message must be an object.")
         role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise bad(f"{where}.role", f"Invalid role {role!r}: use 'user' or 'assistant'.")
+        if role not in ("user", "assistant", "system"):
+            raise bad(
+                f"{where}.role", f"Invalid role {role!r}: use 'user', 'assistant' or 'system'."
+            )
         extra = set(m) - {"role", "content"}
         if extra:
             raise bad(where, f"Extra inputs are not permitted: {', '.join(sorted(extra))}.")
         if "content" not in m:
             raise bad(f"{where}.content", f"{where} has no content.")
+        if role == "system":
+            merge_system(out, _content(m["content"], f"{where}.content"), leading=leading)
+            continue
+        leading = False
         turn = _turn(role, m["content"], f"{where}.content")
         _check_results(turn, calls, where)
         calls = {c["id"] for msg in turn for c in msg.get("tool_calls") or ()}
@@ -180,7 +188,11 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
                     msg = history_message(msg, i, msg.get("content"))
                 except OpenAIError as exc:
                     raise relabel(exc, f"messages[{i}].tool_calls", f"{where}.content") from None
-            out.append(msg)
+            if not join_reminder(out, msg):
+                out.append(msg)
+    out = [{k: v for k, v in msg.items() if k != "mlxd_reminder"} for msg in out]
+    if not any(msg["role"] != "system" for msg in out):
+        raise bad("messages", "'messages' needs a user message, not only system messages.")
     if out[-1]["role"] == "assistant":
         raise unsupported(
             f"messages[{len(body.messages) - 1}]",
@@ -339,7 +351,10 @@ def messages_request(
         raise unsupported("mcp_servers", "remote MCP servers are not implemented.")
     refusal = bad("mlxd_fault", "Extra inputs are not permitted: mlxd_fault.")
     fault = params.fault(req.mlxd_fault, allowed=faults, refusal=refusal)
-    params.max_tokens("max_tokens", req.max_tokens, settings)
+    # Agents ask for long budgets (Claude Code: 32000) and expect the server to
+    # stop at its own limit: clamped, the answer ends with stop_reason max_tokens.
+    max_tokens = min(req.max_tokens, settings.limits.max_tokens)
+    params.max_tokens("max_tokens", max_tokens, settings)
     _metadata(req.metadata)
     sampled = params.sampling(
         settings, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k
@@ -350,10 +365,11 @@ def messages_request(
     gen = GenerationRequest(
         id=f"msg_{uuid.uuid4().hex[:24]}",
         prompt=prompt,
-        max_tokens=req.max_tokens,
+        max_tokens=max_tokens,
         sampling=sampled,
         stop=params.stops(req.stop_sequences, "stop_sequences"),
         parse_tools=plan.parse,
+        tools_ignored=plan.ignored,
         constraint=constraint or plan.constraint,
         api="messages",
         fault=fault,

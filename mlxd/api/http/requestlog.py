@@ -43,6 +43,7 @@ class Note:
     cached: int | None = None
     diverged_at: int | None = None
     rules: str | None = None
+    tools_ignored: int | None = None
     generated: int | None = None
     finish: str | None = None
     error: str | None = None
@@ -72,6 +73,7 @@ class Note:
             ("cached", self.cached),
             ("diverged_at", self.diverged_at),
             ("rules", self.rules),
+            ("tools_ignored", self.tools_ignored),
             ("generated", self.generated),
             ("finish", self.finish),
             ("error", self.error),

@@ -74,6 +74,9 @@ class ChatOutput:
     def stream_error(self, failed: Failed) -> list[bytes]:
         return [sse_error(OpenAIError.from_failed(failed).body())]
 
+    def stream_keepalive(self) -> list[bytes]:
+        return [b": keep-alive\n\n"]  # an SSE comment: clients skip it, timers see bytes
+
 
 class OpenAIController(Controller):
     """``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``."""
@@ -174,6 +177,8 @@ def model_json(model: ModelState) -> dict[str, Any]:
             "tools": tool_format is not None,
             "tool_format": tool_format,
             "tool_choice_required": tool_format in TOOL_GRAMMAR_FORMATS,
+            # Without a tool parser, tools sent with tool_choice auto are left out.
+            "tools_ignored": tool_format is None,
             "structured_output": caps.get("structured_output", False),
             "reasoning": caps.get("reasoning", False),
         }

@@ -223,6 +223,7 @@ def chat_request(
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
         parse_tools=plan.parse,
+        tools_ignored=plan.ignored,
         constraint=constraint or plan.constraint,
         **common,
     )

@@ -49,6 +49,7 @@ class ToolPlan:
     tools: tuple[dict, ...] = ()  # Hugging Face template shape, for the chat template
     parse: bool = False
     constraint: Constraint | None = None
+    ignored: int = 0  # tools left out: the model cannot call tools and none was forced
 
 
 def _tool(raw: Any, i: int) -> dict[str, Any]:
@@ -135,12 +136,17 @@ def tool_plan(
         return ToolPlan()
     tool_format = info.tool_format if info is not None else None
     if info is not None and tool_format is None:
+        if mode == "auto":
+            # Clients send their tools to every model (Open WebUI its built-in
+            # ones, agents theirs): the model may answer without them, so it does.
+            return ToolPlan(ignored=len(defs))
         raise OpenAIError(
             400,
-            f"The model '{info.id}' has no tool-call parser, so it cannot take 'tools' "
-            "(send tool_choice 'none', or serve a model with tool calling; see /v1/models).",
+            f"The model '{info.id}' has no tool-call parser, so it cannot call a tool as "
+            f"tool_choice {choice!r} demands (send tool_choice 'auto' or 'none', or serve a "
+            "model with tool calling; see /v1/models).",
             code="tools_unsupported",
-            param="tools",
+            param="tool_choice",
         )
     template_tools = tuple(
         {

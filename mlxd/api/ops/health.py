@@ -5,10 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from litestar import Controller, Response, get
+from litestar import Controller, Response, get, head
 
 from mlxd.api.http.errors import without_paths
 from mlxd.api.state import Mlxd
+
+
+@head("/", include_in_schema=False, status_code=200)
+async def root_probe() -> None:
+    """``HEAD /``: 200, for clients that probe the server before they start (Claude Code)."""
 
 
 class HealthController(Controller):

@@ -296,6 +296,11 @@ class ResponsesOutput:
         done = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
         return [*out, self._event(done, response=body)]
 
+    def stream_keepalive(self) -> list[bytes]:
+        # An event, not an SSE comment: Codex's idle timer counts events.
+        output = [item.json("in_progress") for item in self._items]
+        return [self._event("response.in_progress", response=self._response("in_progress", output))]
+
     def stream_error(self, failed: Failed) -> list[bytes]:
         error = {"code": failed.code, "message": failed.message}
         output = [item.json("incomplete") for item in self._items]

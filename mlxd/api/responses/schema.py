@@ -151,6 +151,7 @@ def responses_request(
         max_tokens=max_tokens,
         sampling=sampled,
         parse_tools=plan.parse,
+        tools_ignored=plan.ignored,
         constraint=constraint or plan.constraint,
         api="responses",
         fault=fault,

@@ -86,9 +86,15 @@ def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tupl
     return path, settings.name or demo.DEMO_MODEL_ID
 
 
+# Templates shipped with mlxd, by the name ``[model] chat_template`` may give.
+BUILTIN_TEMPLATES = {"hermes-tools": Path(__file__).parents[2] / "demo" / "hermes-tools.jinja"}
+
+
 def _read_template(value: str) -> str:
     if "{{" in value or "{%" in value:
         return value
+    if value in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[value].read_text(encoding="utf-8")
     path = Path(value).expanduser()
     try:
         return path.read_text(encoding="utf-8")
@@ -201,10 +207,15 @@ def load_model(
     # Given to the tokenizer before mlx-lm picks its tool parser, so an
     # override template (or an explicit parser) turns tool calling on.
     overrides: dict[str, Any] = {}
-    if settings.chat_template:
-        overrides["chat_template"] = _read_template(settings.chat_template)
-    if settings.tool_parser:
-        overrides["tool_parser_type"] = settings.tool_parser
+    template, parser = settings.chat_template, settings.tool_parser
+    if not settings.path and not template:
+        # The demo model calls tools out of the box: its own template has none,
+        # so every agent can be tried with no download (docs/agents.md).
+        template, parser = "hermes-tools", parser or "json_tools"
+    if template:
+        overrides["chat_template"] = _read_template(template)
+    if parser:
+        overrides["tool_parser_type"] = parser
     try:
         if loader is not None:
             model, tokenizer, config = loader(str(path), overrides)
