@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from litestar import Request, Response
@@ -22,10 +23,13 @@ from litestar.response import Stream
 
 from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.http.keys import Who, who_of
 from mlxd.api.http.requestlog import note_of
 from mlxd.api.lookup import PROMPT_CACHE_HEADER, PROMPT_RULES_HEADER, header_value
+from mlxd.api.priority import effective as effective_priority
 from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.state import AppState
+from mlxd.config.registry import resolve
 from mlxd.engine import (
     Accepted,
     CacheLookup,
@@ -55,23 +59,72 @@ def check_accepting(state: AppState) -> None:
         )
 
 
-async def acquire(state: AppState, name: str | None, kind: str = "chat") -> Lease:
+async def acquire(
+    state: AppState,
+    name: str | None,
+    kind: str = "chat",
+    *,
+    request: Request | None = None,
+    quota: bool = True,
+) -> Lease:
     """The model ``name`` (an id or alias) stands for, loaded and held for one request.
 
     Unknown names get 404 ``model_not_found`` listing the ids; a model of the
     other kind 400; a model that cannot load 503; one that can never fit in
     ``[memory] budget`` 400. Release the lease when the answer is sent.
+
+    With the ``request``, its API key's rules apply first: a model outside the
+    key's ``models`` is 403 ``model_not_allowed`` (before anything loads), and
+    the request counts against the key's quotas (``quota``), a 429 when over
+    one; its place in ``max_concurrent`` is given back with the lease.
     """
+    who = who_of(request.scope) if request is not None else None
+    if who is not None:
+        _check_model(state, who, name, kind)
+    release = state.quotas.take(who, anthropic=is_anthropic(request)) if quota else None
     try:
-        return await state.fleet.acquire(name, kind)
+        lease = await state.fleet.acquire(name, kind)
     except FleetRefusal as exc:
+        if release is not None:
+            release()
         raise OpenAIError.from_failed(exc.failed) from None
+    except BaseException:
+        if release is not None:
+            release()
+        raise
+    if release is not None:
+        lease.on_release(release)
+    return lease
+
+
+def is_anthropic(request: Request | None) -> bool:
+    """Whether ``request`` came in on Anthropic's Messages API (its header names apply)."""
+    return request is not None and request.url.path.startswith("/v1/messages")
+
+
+def _check_model(state: AppState, who: Who, name: str | None, kind: str) -> None:
+    model_id = resolve(state.settings, name, kind)
+    if model_id is None or who.may_use(model_id, name):
+        return  # an unknown name gets the fleet's 404
+    raise OpenAIError(
+        403,
+        f"The API key '{who.name}' may not use the model '{name or model_id}'.",
+        code="model_not_allowed",
+        param="model",
+    )
 
 
 @contextlib.asynccontextmanager
-async def held(state: AppState, name: str | None, kind: str = "chat") -> AsyncIterator[Lease]:
+async def held(
+    state: AppState,
+    name: str | None,
+    kind: str = "chat",
+    *,
+    request: Request | None = None,
+    quota: bool = True,
+) -> AsyncIterator[Lease]:
     """:func:`acquire` for a request answered whole: released when the block ends."""
-    lease = await acquire(state, name, kind)
+    lease = await acquire(state, name, kind, request=request, quota=quota)
     try:
         yield lease
     finally:
@@ -207,6 +260,7 @@ async def generate(
     *,
     stream: bool,
     headers: dict[str, str] | None = None,
+    asked: str | None = None,
 ) -> Response[Any] | Stream:
     """Submit ``gen``, wait until the engine admits it, then answer whole or as SSE.
 
@@ -220,8 +274,19 @@ async def generate(
     prompt-cache lookup is known: every answer, streamed or not, carries
     ``X-Mlxd-Prompt-Cache`` (docs/api.md), and a request that fails while it
     waits gets its error status, not an SSE error after a 200.
+
+    The request runs as its API key (``client``) at the priority class it
+    ``asked`` for, never above its key's (:mod:`mlxd.api.priority`); its
+    tokens count against the key's ``tokens_per_minute`` when it ends.
     """
+    who = who_of(request.scope)
     try:
+        gen = replace(
+            gen,
+            client=who.name if who is not None else None,
+            priority=effective_priority(gen.priority, who, asked),
+        )
+        note_of(request.scope).priority = gen.priority
         gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
         handle = lease.engine.submit(gen)
     except BaseException:
@@ -244,6 +309,7 @@ async def generate(
         output = make_output(accepted, lookup)
         headers = {
             **(headers or {}),
+            **state.quotas.headers(who, anthropic=is_anthropic(request)),
             "X-Mlxd-Lane": LaneDecision(accepted.lane, accepted.reason).header,
             "X-Request-Id": gen.id,
             PROMPT_CACHE_HEADER: header_value(lookup),
@@ -252,6 +318,9 @@ async def generate(
             headers[PROMPT_RULES_HEADER] = ",".join(gen.prompt_rules)
 
         def done(outcome: Finished | Failed) -> None:
+            if isinstance(outcome, Finished):
+                usage = outcome.usage
+                state.quotas.spend(who, usage.prompt_tokens + usage.completion_tokens)
             note.ended(outcome)
             state.observe(accepted, outcome)
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 
+from mlxd.api.quotas import Quotas
 from mlxd.api.reload_log import ReloadLog
 from mlxd.api.responses.store import ResponseStore
 from mlxd.config import Settings
@@ -56,6 +57,8 @@ class AppState:
         self.compile_observers: list[Callable[[float, bool], None]] = []
         # SIGHUP, /admin/reload and the editor never reload at the same time.
         self.reload_lock = asyncio.Lock()
+        # Each API key's rolling-minute counts; they outlive reloads, not restarts.
+        self.quotas = Quotas()
 
     @property
     def engine(self) -> Engine:

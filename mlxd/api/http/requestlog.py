@@ -37,6 +37,9 @@ _SCOPE_KEY = "mlxd.request_note"
 class Note:
     """What the handler learned about one request; unset fields are left out of the line."""
 
+    # The API key's name (never the secret) and the priority class the request ran at.
+    key: str | None = None
+    priority: str | None = None
     model: str | None = None
     lane: str | None = None
     prompt_tokens: int | None = None
@@ -66,6 +69,8 @@ class Note:
 
     def fields(self) -> str:
         parts = [
+            ("key", self.key),
+            ("priority", self.priority),
             ("model", self.model),
             ("lane", self.lane),
             ("prompt", self.prompt_tokens),

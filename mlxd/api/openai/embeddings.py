@@ -124,7 +124,7 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
     inputs = shape_inputs(req.input)
     encoding_format = _check_format(req.encoding_format)
     try:
-        async with held(state, req.model, "embedding") as lease:
+        async with held(state, req.model, "embedding", request=request) as lease:
             engine = lease.engine
             note.model = lease.id
             if engine.info is not None:

@@ -33,6 +33,7 @@ from mlxd.api.openai.schema import (
     chat_request,
     completion_request,
 )
+from mlxd.api.priority import requested as requested_priority
 from mlxd.api.state import AppState, Mlxd
 from mlxd.engine import (
     TOOL_GRAMMAR_FORMATS,
@@ -122,7 +123,8 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
     policy = state.settings.server.unknown_parameters
     req, headers = decode_parameters(body, schema, policy, request.url.path)
     note_of(request.scope).model = req.model
-    lease = await acquire(state, req.model)
+    asked = requested_priority(req)
+    lease = await acquire(state, req.model, request=request)
     with released_on_error(lease):
         gen = build(req, lease.settings, faults=state.fault_injection, info=lease.info)
         await check_generation(
@@ -141,7 +143,7 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
         return ChatOutput(renderer, usage)
 
     return await generate(
-        request, state, lease, gen, make_output, stream=req.stream, headers=headers
+        request, state, lease, gen, make_output, stream=req.stream, headers=headers, asked=asked
     )
 
 

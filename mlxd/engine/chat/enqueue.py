@@ -50,6 +50,8 @@ def enqueue(
             channel, Failed("queue_full", message, 429, retry_after=_retry_after(core, depth))
         )
     row = _row(loaded, request, channel, prepared, now_mono, now_wall)
+    row.seq, row.queued_mono = core.next_seq, now_mono
+    core.next_seq += 1
     counters = core.counters
     counters.submitted += 1
     reasons = counters.lane_reasons

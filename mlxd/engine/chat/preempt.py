@@ -1,0 +1,153 @@
+"""Priority on the engine thread: the queues in the order admission takes them, and preemption.
+
+The pure rules are :mod:`mlxd.engine.policy.priority`; this module applies
+them to an :class:`~mlxd.engine.chat.core.EngineCore`:
+
+- :func:`order_queues` sorts both queues before every admission pass;
+- :func:`serial` and :func:`batch` make a running row yield to a more
+  urgent waiting one (``[scheduling] preempt``): the row's cache goes into
+  the prompt cache under its prompt plus the tokens it generated, those
+  tokens become part of its prompt (:meth:`Row.fold`), and it goes back to
+  the head of its class. Re-admitted, it is fetched from that cache like any
+  request and goes on generating: its client sees a pause. Its text stream,
+  output splitter, stop strings, logprobs and grammar matcher are the row's
+  own objects and simply continue; ``max_tokens`` counts every token it made.
+
+Rows that are not preempted: a row still prefilling (no token yet: nothing
+to keep that the prompt cache would not keep anyway), a row with a ``seed``
+(its random stream could not continue where it stopped), and every row of a
+cluster (the followers would have to mirror it; ``ClusterHooks.preemption``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from mlxd.engine.chat.core import EngineCore
+from mlxd.engine.chat.row import Row
+from mlxd.engine.policy import admission, priority
+from mlxd.engine.snapshot import PreemptionEvent
+
+logger = logging.getLogger(__name__)
+
+
+def rules(core: EngineCore) -> priority.Rules:
+    s = core.settings.scheduling
+    return priority.Rules(fair_share=s.fair_share, aging_s=s.aging)
+
+
+def running_by_key(core: EngineCore) -> dict[str, int]:
+    """Rows running now, by API key name ("" without keys)."""
+    counts: dict[str, int] = {}
+    rows = list(core.batch.rows.values()) if core.batch is not None else []
+    if core.serial is not None:
+        rows.append(core.serial.row)
+    for row in rows:
+        counts[row.key] = counts.get(row.key, 0) + 1
+    return counts
+
+
+def order_queues(core: EngineCore) -> None:
+    """Sort both queues into the order admission takes them (priority, fair share, FIFO)."""
+    if len(core.pending) < 2 and len(core.serial_queue) < 2:
+        return
+    now, running, r = time.monotonic(), running_by_key(core), rules(core)
+    for queue in (core.pending, core.serial_queue):
+        if len(queue) > 1:
+            rows = list(queue)
+            waiting = [
+                priority.Waiting(x.priority, x.key, x.seq, x.queued_mono, x.resumed) for x in rows
+            ]
+            queue.clear()
+            order = priority.order(waiting, running, now, r, core.served)
+            queue.extend(rows[i] for i in order)
+
+
+def _enabled(core: EngineCore) -> bool:
+    return core.settings.scheduling.preempt and getattr(core.hooks, "preemption", False)
+
+
+def _preemptible(row: Row) -> bool:
+    return (
+        row.first_token_mono is not None
+        and row.request.sampling.seed is None
+        and not row.cancelled
+        and row.error is None
+        and row.generated < row.max_tokens
+    )
+
+
+def serial(core: EngineCore) -> bool:
+    """The serial row yields to the head of the serial queue when that is more urgent."""
+    run = core.serial
+    if run is None or not core.serial_queue or not _enabled(core):
+        return False
+    waiter, row = core.serial_queue[0], run.row
+    if priority.victim(waiter.priority, [_running(row)]) is None:
+        return False
+    run.close()
+    core.serial = None
+    _park(core, row, list(row.prompt) + row.generated_ids[row.folded :], run.cache, waiter)
+    core.serial_queue.appendleft(row)
+    order_queues(core)
+    return True
+
+
+def batch(core: EngineCore) -> bool:
+    """A batch row yields to the head of the pending queue, which admission just refused."""
+    lane = core.batch
+    if lane is None or not len(lane) or not core.pending or not _enabled(core):
+        return False
+    waiter = core.pending[0]
+    rows = list(lane.rows.values())
+    index = priority.victim(waiter.priority, [_running(r) for r in rows])
+    if index is None:
+        return False
+    row = rows[index]
+    assert row.uid is not None
+    caches = lane.remove([row], return_caches=True)
+    cache, tokens = caches.get(row.uid, (None, None))
+    _park(core, row, list(tokens) if tokens is not None else None, cache, waiter)
+    core.pending.appendleft(row)
+    order_queues(core)
+    core.note_kv(after_step=False)
+    return True
+
+
+def _running(row: Row) -> priority.Running:
+    return priority.Running(row.priority, row.started_mono, _preemptible(row))
+
+
+def _park(core: EngineCore, row: Row, tokens: list[int] | None, cache: Any, by: Row) -> None:
+    """Keep ``row``'s cache, fold its tokens into its prompt, count and log the preemption."""
+    generated = row.generated
+    row.fold()
+    if tokens is not None and cache is not None:
+        core.store_cache(tokens, cache)
+    allowance = core.settings.batch.decode_allowance
+    row.extent = admission.row_extent(len(row.prompt), row.tokens_left, allowance)
+    c = core.counters
+    c.preemptions += 1
+    c.preemptions_by_key[row.key] = c.preemptions_by_key.get(row.key, 0) + 1
+    event = PreemptionEvent(
+        time.time(),
+        row.lane,
+        row.id,
+        row.request.client,
+        row.priority,
+        generated,
+        by.id,
+        by.priority,
+    )
+    core.preemptions.append(event)
+    logger.info(
+        "preempted %s (%s, key %s) after %d tokens for %s (%s); it resumes from its kept cache",
+        row.id,
+        row.priority,
+        row.key or "-",
+        generated,
+        by.id,
+        by.priority,
+    )
