@@ -17,6 +17,7 @@ import pytest
 
 from mlxd.control import status_lines
 from tests.support.daemon import Daemon, toml_config
+from tests.support.stats_schema import check_schema, documented_fields
 
 KEYS: dict[str, dict[str, Any]] = {
     "family": {"key": "sk-family", "priority": "high"},
@@ -92,8 +93,8 @@ def wait_for(daemon: Daemon, ready: Callable[[dict[str, Any]], bool], timeout: f
     raise AssertionError(f"timed out; /stats: {daemon.stats()}")
 
 
-def queued(n: int) -> Callable[[dict[str, Any]], bool]:
-    return lambda s: len(s["pending"]) >= n
+def by_name(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k["name"]: k for k in stats["keys"]}
 
 
 def test_a_high_priority_request_ends_before_the_second_of_four_queued_low_ones(daemon):
@@ -158,7 +159,10 @@ def test_preemption_pauses_a_low_row_and_it_resumes_with_the_same_text(daemon, l
     event = stats["preemptions"][0]
     assert (event["key"], event["priority"], event["by_priority"]) == ("indexer", "low", "high")
     assert event["generated_tokens"] >= 30
-    assert stats["keys"]["indexer"]["preemptions"] >= 1
+    assert by_name(stats)["indexer"]["preemptions"] >= 1
+    fields, seen = documented_fields(), set()
+    check_schema(stats, fields, seen)
+    assert {f for f in fields if f.startswith(("keys[].", "preemptions[]."))} <= seen
 
 
 def test_a_key_over_its_request_rate_gets_429_with_rate_limit_headers(daemon):
@@ -186,7 +190,7 @@ def test_a_key_over_its_request_rate_gets_429_with_rate_limit_headers(daemon):
     assert m.headers["anthropic-ratelimit-requests-remaining"] == "0"
     assert m.headers["anthropic-ratelimit-requests-reset"].endswith("Z")
     assert int(m.headers["retry-after"]) >= 1
-    usage = daemon.stats()["keys"]["metered"]
+    usage = by_name(daemon.stats())["metered"]
     assert usage["requests_last_minute"] == 2 and usage["refused"] == 2
 
 
@@ -233,7 +237,7 @@ def test_unknown_keys_get_401_on_messages_in_anthropics_shape(daemon):
 def test_keys_show_by_name_in_stats_status_and_metrics_never_their_secret(daemon):
     assert complete(daemon, "sk-agent", 2).status_code == 200
     stats = daemon.stats()
-    keys = stats["keys"]
+    keys = by_name(stats)
     assert set(keys) >= {"family", "indexer", "agent", "guest", "metered", "api_keys[0]"}
     assert keys["family"]["priority"] == "high"
     assert keys["agent"]["tokens_last_minute"] > 0

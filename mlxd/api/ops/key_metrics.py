@@ -35,7 +35,7 @@ SERIES: tuple[tuple[str, str, str, bool], ...] = (
 class KeyCollector(Collector):
     """One series per configured API key for each of :data:`SERIES`."""
 
-    def __init__(self, read: Callable[[], dict[str, dict[str, Any]]]):
+    def __init__(self, read: Callable[[], list[dict[str, Any]]]):
         self._read = read
 
     def collect(self) -> Iterator[Metric]:
@@ -46,6 +46,6 @@ class KeyCollector(Collector):
                 if counter
                 else GaugeMetricFamily(name, doc, labels=["key"])
             )
-            for key, values in keys.items():
-                family.add_metric([key], float(values[field]))
+            for values in keys:
+                family.add_metric([values["name"]], float(values[field]))
             yield family

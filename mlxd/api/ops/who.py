@@ -16,8 +16,8 @@ from mlxd.api.http.keys import identities
 from mlxd.api.state import AppState
 
 
-def keys_stats(state: AppState) -> dict[str, dict[str, Any]]:
-    """``/stats`` ``keys``: one object per configured key, by name."""
+def keys_stats(state: AppState) -> list[dict[str, Any]]:
+    """``/stats`` ``keys``: one object per configured key, in the config's order."""
     running: dict[str, int] = {}
     waiting: dict[str, int] = {}
     preempted: dict[str, int] = {}
@@ -30,17 +30,20 @@ def keys_stats(state: AppState) -> dict[str, dict[str, Any]]:
                 waiting[item.key] = waiting.get(item.key, 0) + 1
         for key, n in snapshot.counters.get("preemptions_by_key", {}).items():
             preempted[key] = preempted.get(key, 0) + n
-    out: dict[str, dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
     for _, who in identities(state.settings):
-        out[who.name] = {
-            "priority": who.priority,
-            "models": list(who.models),
-            "requests_per_minute": who.requests_per_minute,
-            "tokens_per_minute": who.tokens_per_minute,
-            "max_concurrent": who.max_concurrent,
-            "running": running.get(who.name, 0),
-            "waiting": waiting.get(who.name, 0),
-            "preemptions": preempted.get(who.name, 0),
-            **asdict(state.quotas.usage(who.name)),
-        }
+        out.append(
+            {
+                "name": who.name,
+                "priority": who.priority,
+                "models": list(who.models),
+                "requests_per_minute": who.requests_per_minute,
+                "tokens_per_minute": who.tokens_per_minute,
+                "max_concurrent": who.max_concurrent,
+                "running": running.get(who.name, 0),
+                "waiting": waiting.get(who.name, 0),
+                "preemptions": preempted.get(who.name, 0),
+                **asdict(state.quotas.usage(who.name)),
+            }
+        )
     return out
