@@ -17,6 +17,7 @@ from mlxd.dashboard.cluster_panel import cluster_panel
 from mlxd.dashboard.formatting import Formatted
 from mlxd.dashboard.models_panel import models_panel
 from mlxd.dashboard.prompt_cache_panel import prompt_cache_panel
+from mlxd.dashboard.who_panel import who_panel
 
 Formatter = Callable[[dict[str, Any], float], Formatted]
 
@@ -31,6 +32,7 @@ REGIONS: dict[str, Formatter] = {
     "history": charts.history,
     "active-rows": activity.active_rows,
     "pending-queue": activity.pending_queue,
+    "who": who_panel,
     "event-log": events.event_log,
     "counters": activity.counters,
     "prompt-cache": prompt_cache_panel,

@@ -248,3 +248,15 @@ def test_keys_show_by_name_in_stats_status_and_metrics_never_their_secret(daemon
     assert "mlxd_preemptions_total" in metrics
     lines, _ = status_lines(daemon.url, stats)
     assert any(line.lstrip().startswith("key agent") for line in lines), lines
+
+
+def test_the_dashboard_shows_who_and_the_preemption(daemon):
+    who = httpx.get(f"{daemon.url}/dashboard/who").text
+    for name in ("family", "indexer", "agent", "metered", "api_keys[0]"):
+        assert f'data-key="{name}"' in who
+    assert 'class="badge priority-high" data-field="priority">high' in who
+    assert "preempted</span>" in who  # the daemon-wide count, after the preemption test
+    events = httpx.get(f"{daemon.url}/dashboard/event-log").text
+    assert 'data-kind="preemption"' in events and "low row yielded to a high request" in events
+    page = httpx.get(f"{daemon.url}/dashboard").text
+    assert 'id="who"' in page and "sk-family" not in page and "sk-indexer" not in page
