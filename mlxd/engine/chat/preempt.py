@@ -69,14 +69,23 @@ def _enabled(core: EngineCore) -> bool:
     return core.settings.scheduling.preempt and getattr(core.hooks, "preemption", False)
 
 
-def _preemptible(row: Row) -> bool:
-    return (
-        row.first_token_mono is not None
-        and row.request.sampling.seed is None
-        and not row.cancelled
-        and row.error is None
-        and row.generated < row.max_tokens
-    )
+def _preemptible(core: EngineCore, row: Row) -> bool:
+    """Whether ``row`` may yield: decoding, unseeded, and sure to fit the budget when it resumes
+    (its prompt then holds its generated tokens too)."""
+    if (
+        row.first_token_mono is None
+        or row.request.sampling.seed is not None
+        or row.cancelled
+        or row.error is not None
+        or row.generated >= row.max_tokens
+        or core.loaded is None
+    ):
+        return False
+    allowance = core.settings.batch.decode_allowance
+    length = len(row.prompt) + row.generated - row.folded  # its prompt when it resumes
+    resumed = admission.row_extent(length, row.tokens_left, allowance)
+    step = core.settings.batch.prefill_step_size
+    return admission.never_fits(core.loaded.layout, resumed, core.room.bytes, step) is None
 
 
 def serial(core: EngineCore) -> bool:
@@ -85,7 +94,7 @@ def serial(core: EngineCore) -> bool:
     if run is None or not core.serial_queue or not _enabled(core):
         return False
     waiter, row = core.serial_queue[0], run.row
-    if priority.victim(waiter.priority, [_running(row)]) is None:
+    if priority.victim(waiter.priority, [_running(core, row)]) is None:
         return False
     run.close()
     core.serial = None
@@ -102,7 +111,7 @@ def batch(core: EngineCore) -> bool:
         return False
     waiter = core.pending[0]
     rows = list(lane.rows.values())
-    index = priority.victim(waiter.priority, [_running(r) for r in rows])
+    index = priority.victim(waiter.priority, [_running(core, r) for r in rows])
     if index is None:
         return False
     row = rows[index]
@@ -116,8 +125,8 @@ def batch(core: EngineCore) -> bool:
     return True
 
 
-def _running(row: Row) -> priority.Running:
-    return priority.Running(row.priority, row.started_mono, _preemptible(row))
+def _running(core: EngineCore, row: Row) -> priority.Running:
+    return priority.Running(row.priority, row.started_mono, _preemptible(core, row))
 
 
 def _park(core: EngineCore, row: Row, tokens: list[int] | None, cache: Any, by: Row) -> None:
