@@ -165,6 +165,65 @@ def test_preemption_pauses_a_low_row_and_it_resumes_with_the_same_text(daemon, l
     assert {f for f in fields if f.startswith(("keys[].", "preemptions[]."))} <= seen
 
 
+def chat(daemon: Daemon, key: str, **body: Any) -> httpx.Response:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "tell me"}], **body}
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.post(f"{daemon.url}/v1/chat/completions", json=body, headers=headers, timeout=120)
+
+
+def test_a_preempted_constrained_row_resumes_its_grammar_logprobs_and_stops(daemon, llama):
+    # A JSON grammar, logprobs and a stop string: all the row's state must carry over.
+    schema = {
+        "type": "object",
+        "properties": {"story": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["story", "n"],
+    }
+    body = {
+        "max_tokens": 200,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+        "logprobs": True,
+        "top_logprobs": 2,
+        "stop": ["zzzq"],
+    }
+    alone = chat(daemon, "sk-indexer", **body)
+    assert alone.status_code == 200, alone.text
+    daemon.write_config(config(llama, preempt=True))
+    assert daemon.reload().json()["outcome"] == "applied"
+    try:
+        before = daemon.stats()["counters"]["preemptions"]
+        runs = Finishes()
+        runs.send("low", lambda: chat(daemon, "sk-indexer", **body))
+        wait_for(daemon, lambda s: any(r["generated_tokens"] >= 10 for r in s["rows"]))
+        runs.send("high", lambda: complete(daemon, "sk-family", 10, prompt="hi"))
+        runs.join()
+        assert daemon.stats()["counters"]["preemptions"] == before + 1
+    finally:
+        daemon.write_config(config(llama))
+        assert daemon.reload().json()["outcome"] == "applied"
+    got, want = runs.responses["low"].json()["choices"][0], alone.json()["choices"][0]
+    assert runs.order == ["high", "low"]
+    assert got["message"]["content"] == want["message"]["content"]
+    assert got["logprobs"] == want["logprobs"]
+    assert got["finish_reason"] == want["finish_reason"]
+
+
+def test_keys_reload_live_and_their_counts_survive_a_reload(daemon, llama):
+    assert complete(daemon, "sk-newcomer", 2).status_code == 401
+    counted = by_name(daemon.stats())["agent"]["requests_total"]
+    keys = {**KEYS, "newcomer": {"key": "sk-newcomer", "priority": "low"}}
+    text = config(llama).replace(toml_config(keys=KEYS), toml_config(keys=keys))
+    assert "newcomer" in text
+    daemon.write_config(text)
+    try:
+        assert daemon.reload().json()["outcome"] == "applied"
+        assert complete(daemon, "sk-newcomer", 2).status_code == 200
+        assert by_name(daemon.stats())["agent"]["requests_total"] == counted
+    finally:
+        daemon.write_config(config(llama))
+        assert daemon.reload().json()["outcome"] == "applied"
+    assert complete(daemon, "sk-newcomer", 2).status_code == 401
+
+
 def test_a_key_over_its_request_rate_gets_429_with_rate_limit_headers(daemon):
     # sk-metered: 2 requests a minute. The rest of this module never uses it.
     ok = complete(daemon, "sk-metered", 2)
