@@ -286,7 +286,8 @@ async def generate(
             client=who.name if who is not None else None,
             priority=effective_priority(gen.priority, who, asked),
         )
-        note_of(request.scope).priority = gen.priority
+        if who is not None or gen.priority != "normal":  # without keys the line stays as it was
+            note_of(request.scope).priority = gen.priority
         gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
         handle = lease.engine.submit(gen)
     except BaseException:
