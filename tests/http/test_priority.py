@@ -263,6 +263,13 @@ def test_a_keys_models_list_is_enforced(daemon):
             model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
         )
     assert complete(daemon, "sk-agent", 2).status_code == 200
+    # /v1/models lists what the key may use.
+    listed = httpx.get(f"{daemon.url}/v1/models", headers={"x-api-key": "sk-guest"}).json()
+    assert listed["data"] == []
+    one = httpx.get(f"{daemon.url}/v1/models/tiny", headers={"x-api-key": "sk-guest"})
+    assert one.status_code == 404
+    listed = httpx.get(f"{daemon.url}/v1/models", headers={"x-api-key": "sk-agent"}).json()
+    assert [m["id"] for m in listed["data"]] == ["tiny"]
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from mlxd.api.generate import (
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode_parameters
 from mlxd.api.http.errors import OpenAIError, without_paths
+from mlxd.api.http.keys import who_of
 from mlxd.api.http.requestlog import note_of
 from mlxd.api.openai.render import Kind, Renderer, sse_error
 from mlxd.api.openai.schema import (
@@ -82,14 +83,19 @@ class OpenAIController(Controller):
     path = "/"
 
     @get("/models")
-    async def list_models(self, mlxd: Mlxd) -> dict[str, Any]:
-        return {"object": "list", "data": [model_json(m) for m in mlxd.fleet.status().models]}
+    async def list_models(self, request: Request, mlxd: Mlxd) -> dict[str, Any]:
+        """Every configured model, or those the request's API key may use."""
+        models = _visible(request, mlxd)
+        return {"object": "list", "data": [model_json(m) for m in models]}
 
     @get("/models/{model_id:path}")
-    async def get_model(self, mlxd: Mlxd, model_id: FromPath[str]) -> dict[str, Any]:
-        model = mlxd.fleet.status().get(model_id.lstrip("/"))
+    async def get_model(
+        self, request: Request, mlxd: Mlxd, model_id: FromPath[str]
+    ) -> dict[str, Any]:
+        visible = _visible(request, mlxd)
+        model = next((m for m in visible if m.id == model_id.lstrip("/")), None)
         if model is None:
-            ids = ", ".join(m.id for m in mlxd.fleet.status().models)
+            ids = ", ".join(m.id for m in visible)
             raise OpenAIError(
                 404,
                 f"The model '{model_id.lstrip('/')}' does not exist (configured: {ids}).",
@@ -105,6 +111,12 @@ class OpenAIController(Controller):
     @post("/completions", status_code=200)
     async def completions(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:
         return await _serve(request, mlxd, "completion")
+
+
+def _visible(request: Request, state: AppState) -> list[ModelState]:
+    """The configured models, less those the request's API key may not use (its ``models``)."""
+    who = who_of(request.scope)
+    return [m for m in state.fleet.status().models if who is None or who.may_use(m.id)]
 
 
 _KINDS: dict[
