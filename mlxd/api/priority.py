@@ -2,7 +2,8 @@
 
 A key's ``priority`` is the most urgent class its requests run at. A request
 may ask for a less urgent one: the ``priority`` body field (``"high"``,
-``"normal"``, ``"low"``, as vLLM's ``priority`` but named), or OpenAI's
+``"normal"``, ``"low"``, or vLLM's integer: negative is high, 0 normal,
+positive low), or OpenAI's
 ``service_tier`` (``"flex"``: low; ``"priority"``: high; ``"auto"`` and
 ``"default"``: the key's class). It never runs above its key's class.
 """
@@ -23,12 +24,16 @@ _TIERS = {"flex": "low", "priority": "high", "auto": None, "default": None}
 def requested(body: Any) -> str | None:
     """The class a request body asks for, or None (a 400 for a value mlxd does not know)."""
     value = getattr(body, "priority", None)
+    if isinstance(value, int) and not isinstance(value, bool):
+        # vLLM's integer priority: lower is handled earlier, 0 is the default.
+        return "high" if value < 0 else "normal" if value == 0 else "low"
     if value is not None:
         if value not in ASKABLE:
             raise OpenAIError(
                 400,
-                f"'priority' must be one of {', '.join(repr(c) for c in ASKABLE)} "
-                f"(got {value!r}); a request runs at most at its API key's priority.",
+                f"'priority' must be one of {', '.join(repr(c) for c in ASKABLE)} or an "
+                f"integer as vLLM's (negative: high, 0: normal, positive: low) (got {value!r}); "
+                "a request runs at most at its API key's priority.",
                 code="invalid_value",
                 param="priority",
             )

@@ -54,7 +54,7 @@ class MessagesRequest(_MessagesBody, kw_only=True):
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
     # The priority class the request asks for, at most its key's (mlxd.api.priority).
-    priority: str | None = None
+    priority: str | int | None = None
     # Refused unless they ask for nothing.
     container: Any = None
     mcp_servers: list[Any] | None = None
