@@ -15,8 +15,12 @@ them to an :class:`~mlxd.engine.chat.core.EngineCore`:
 
 Rows that are not preempted: a row still prefilling (no token yet: nothing
 to keep that the prompt cache would not keep anyway), a row with a ``seed``
-(its random stream could not continue where it stopped), and every row of a
-cluster (the followers would have to mirror it; ``ClusterHooks.preemption``).
+(its random stream could not continue where it stopped), a row of a model
+whose caches cannot be cut back (sliding-window or recurrent layers: its
+kept cache holds its last token, which the resumed row must feed again, so
+it would prefill everything again), a row that would not fit the KV budget
+with its tokens as prompt, and every row of a cluster (the followers would
+have to mirror it; ``ClusterHooks.preemption``).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ def _preemptible(core: EngineCore, row: Row) -> bool:
         or row.error is not None
         or row.generated >= row.max_tokens
         or core.loaded is None
+        or not core.loaded.rewindable
     ):
         return False
     allowance = core.settings.batch.decode_allowance
