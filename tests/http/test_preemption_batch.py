@@ -95,3 +95,37 @@ def wait_rows(daemon: Daemon, n: int, tokens: int = 1) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(daemon.stats())
+
+
+def test_a_low_serial_waiter_does_not_hold_a_high_batch_request_behind_its_drain(daemon):
+    # Two low rows run; a low seeded request (serial lane) waits for them, which drains
+    # the batch; a high request arriving then is admitted (preempting a low row), not
+    # held behind the drain and the seeded request.
+    done: dict[str, float] = {}
+
+    def run(name: str, key: str, n: int, **kw: Any) -> None:
+        body = {"model": "tiny", "prompt": f"story {name}", "max_tokens": n, **kw}
+        r = httpx.post(
+            f"{daemon.url}/v1/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=300,
+        )
+        assert r.status_code == 200, r.text
+        done[name] = time.monotonic()
+
+    threads = [threading.Thread(target=run, args=(f"bulk{i}", "sk-bulk", 400)) for i in range(2)]
+    for t in threads:
+        t.start()
+    wait_rows(daemon, 2, tokens=5)
+    threads.append(threading.Thread(target=run, args=("seeded", "sk-bulk", 50), kwargs={"seed": 1}))
+    threads[-1].start()
+    deadline = time.monotonic() + 30
+    while not daemon.stats()["batch"]["admission_paused"]:
+        assert time.monotonic() < deadline, daemon.stats()
+        time.sleep(0.02)
+    threads.append(threading.Thread(target=run, args=("high", "sk-me", 10)))
+    threads[-1].start()
+    for t in threads:
+        t.join(timeout=300)
+    assert done["high"] < min(done["seeded"], done["bulk0"], done["bulk1"]), done

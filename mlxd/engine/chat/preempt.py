@@ -61,12 +61,26 @@ def order_queues(core: EngineCore) -> None:
     for queue in (core.pending, core.serial_queue):
         if len(queue) > 1:
             rows = list(queue)
-            waiting = [
-                priority.Waiting(x.priority, x.key, x.seq, x.queued_mono, x.resumed) for x in rows
-            ]
+            waiting = [_waiting(x) for x in rows]
             queue.clear()
             order = priority.order(waiting, running, now, r, core.served)
             queue.extend(rows[i] for i in order)
+
+
+def batch_outranks(core: EngineCore) -> bool:
+    """Whether the head of the batch queue is more urgent than the serial queue's (both
+    ordered), by the classes they are ordered by (aging included)."""
+    if not core.pending or not core.serial_queue:
+        return False
+    now, r = time.monotonic(), rules(core)
+    batch, serial = core.pending[0], core.serial_queue[0]
+    return priority.effective(_waiting(batch), now, r) < priority.effective(
+        _waiting(serial), now, r
+    )
+
+
+def _waiting(row: Row) -> priority.Waiting:
+    return priority.Waiting(row.priority, row.key, row.seq, row.queued_mono, row.resumed)
 
 
 def _enabled(core: EngineCore) -> bool:
@@ -94,11 +108,15 @@ def _preemptible(core: EngineCore, row: Row) -> bool:
 
 
 def serial(core: EngineCore) -> bool:
-    """The serial row yields to the head of the serial queue when that is more urgent."""
+    """The serial row yields to the head of either queue when that is more urgent.
+
+    The serial lane runs alone, so a batch request waits for it too.
+    """
     run = core.serial
-    if run is None or not core.serial_queue or not _enabled(core):
+    if run is None or not (core.serial_queue or core.pending) or not _enabled(core):
         return False
-    waiter, row = core.serial_queue[0], run.row
+    heads = [q[0] for q in (core.serial_queue, core.pending) if q]
+    waiter, row = min(heads, key=lambda h: priority.rank(h.priority)), run.row
     if priority.victim(waiter.priority, [_running(core, row)]) is None:
         return False
     run.close()

@@ -44,6 +44,7 @@ def _plan_and_start(core: EngineCore) -> None:
             serial_running=core.serial is not None,
             exclusive_waiting=bool(core.exclusive),
             last_turn=core.last_turn,
+            batch_outranks=preempt.batch_outranks(core),
         )
     )
     now, wall = time.monotonic(), time.time()
