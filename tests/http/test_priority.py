@@ -346,3 +346,23 @@ def test_the_dashboard_shows_who_and_the_preemption(daemon):
     assert 'data-kind="preemption"' in events and "low row yielded to a high request" in events
     page = httpx.get(f"{daemon.url}/dashboard").text
     assert 'id="who"' in page and "sk-family" not in page and "sk-indexer" not in page
+
+
+@pytest.mark.browser
+def test_the_who_panel_in_a_browser_at_phone_width(daemon, pages):
+    phone = pages(viewport={"width": 390, "height": 844}, device_scale_factor=2)
+    problems: list[str] = []
+    phone.on("pageerror", lambda e: problems.append(str(e)))
+    phone.goto(f"{daemon.url}/dashboard")
+    row = phone.locator('#who tbody tr[data-key="family"]')
+    row.wait_for(timeout=20_000)
+    assert row.evaluate("e => getComputedStyle(e).display") == "grid"  # a card
+    assert row.locator("[data-field=priority]").inner_text() == "high"
+    # The panel polls itself: it is replaced in place, and still there afterwards.
+    phone.wait_for_timeout(2500)
+    assert phone.locator("#who tbody tr").count() == len(KEYS) + 1  # + api_keys[0]
+    overflow = phone.evaluate(
+        "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    assert overflow <= 0, f"the page scrolls sideways by {overflow}px on a phone"
+    assert not problems, problems
