@@ -57,17 +57,17 @@ def stream(daemon: Daemon, key: str, prompt: str, max_tokens: int) -> dict[str, 
 
 def test_a_high_request_preempts_the_newest_low_row_which_resumes_with_the_same_stream(daemon):
     prompts = {"a": "once upon a time", "b": "the cat sat on the mat and"}
-    alone = {name: stream(daemon, "sk-bulk", p, 400) for name, p in prompts.items()}
-    assert all(len(a["tokens"]) == 400 for a in alone.values())
+    alone = {name: stream(daemon, "sk-bulk", p, 800) for name, p in prompts.items()}
+    assert all(len(a["tokens"]) == 800 for a in alone.values())
     out: dict[str, dict[str, Any]] = {}
 
     def run(name: str, key: str, prompt: str, n: int) -> None:
         out[name] = stream(daemon, key, prompt, n)
 
-    threads = [threading.Thread(target=run, args=("a", "sk-bulk", prompts["a"], 400))]
+    threads = [threading.Thread(target=run, args=("a", "sk-bulk", prompts["a"], 800))]
     threads[0].start()
     wait_rows(daemon, 1)
-    threads.append(threading.Thread(target=run, args=("b", "sk-bulk", prompts["b"], 400)))
+    threads.append(threading.Thread(target=run, args=("b", "sk-bulk", prompts["b"], 800)))
     threads[1].start()
     wait_rows(daemon, 2, tokens=20)
     before = daemon.stats()["counters"]["preemptions"]

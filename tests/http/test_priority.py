@@ -101,7 +101,7 @@ def test_a_high_priority_request_ends_before_the_second_of_four_queued_low_ones(
     runs = Finishes()
     for i in range(4):
         # low0 is long enough to still run when the rest (and the high one) are queued.
-        runs.send(f"low{i}", lambda i=i: complete(daemon, "sk-indexer", 900 if i == 0 else 100))
+        runs.send(f"low{i}", lambda i=i: complete(daemon, "sk-indexer", 1000 if i == 0 else 100))
         # One at a time, so that their arrival order is known: low0 runs, the rest wait.
         wait_for(daemon, lambda s, i=i: len(s["rows"]) + len(s["pending"]) >= i + 1)
     runs.send("high", lambda: complete(daemon, "sk-family", 20))
@@ -154,15 +154,15 @@ def test_a_request_may_lower_its_priority_never_raise_it(daemon):
 
 def test_preemption_pauses_a_low_row_and_it_resumes_with_the_same_text(daemon, llama):
     prompt = "once upon a time"
-    alone = complete(daemon, "sk-indexer", 300, prompt=prompt)
+    alone = complete(daemon, "sk-indexer", 900, prompt=prompt)
     assert alone.status_code == 200, alone.text
-    assert alone.json()["usage"]["completion_tokens"] == 300
+    assert alone.json()["usage"]["completion_tokens"] == 900
     daemon.write_config(config(llama, preempt=True))
     assert daemon.reload().json()["outcome"] == "applied"
     try:
         before = daemon.stats()["counters"]["preemptions"]
         runs = Finishes()
-        runs.send("low", lambda: complete(daemon, "sk-indexer", 300, prompt=prompt))
+        runs.send("low", lambda: complete(daemon, "sk-indexer", 900, prompt=prompt))
         wait_for(daemon, lambda s: any(r["generated_tokens"] >= 30 for r in s["rows"]))
         runs.send("high", lambda: complete(daemon, "sk-family", 30, prompt="hello"))
         runs.join()
@@ -172,7 +172,7 @@ def test_preemption_pauses_a_low_row_and_it_resumes_with_the_same_text(daemon, l
     assert runs.order == ["high", "low"]
     low = runs.responses["low"].json()
     assert low["choices"][0]["text"] == alone.json()["choices"][0]["text"]
-    assert low["usage"]["completion_tokens"] == 300
+    assert low["usage"]["completion_tokens"] == 900
     assert low["usage"]["prompt_tokens"] == alone.json()["usage"]["prompt_tokens"]
     stats = daemon.stats()
     assert stats["counters"]["preemptions"] == before + 1
@@ -199,7 +199,7 @@ def test_a_preempted_constrained_row_resumes_its_grammar_logprobs_and_stops(daem
         "required": ["story", "n"],
     }
     body = {
-        "max_tokens": 200,
+        "max_tokens": 600,
         "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
         "logprobs": True,
         "top_logprobs": 2,
@@ -207,6 +207,7 @@ def test_a_preempted_constrained_row_resumes_its_grammar_logprobs_and_stops(daem
     }
     alone = chat(daemon, "sk-indexer", **body)
     assert alone.status_code == 200, alone.text
+    assert alone.json()["usage"]["completion_tokens"] == 600  # long enough to be caught
     daemon.write_config(config(llama, preempt=True))
     assert daemon.reload().json()["outcome"] == "applied"
     try:
