@@ -148,6 +148,24 @@ def _duration(seconds: float) -> str:
     return f"{h} h {m:02d} m" if h else f"{m} m {s:02d} s" if m else f"{s} s"
 
 
+def key_lines(keys: list[dict[str, Any]]) -> list[str]:
+    """A line per API key: its class, load, quota use and preemptions (``/stats`` ``keys``)."""
+    lines = []
+    for k in keys:
+        tokens = f"{k['tokens_last_minute']}"
+        if k["tokens_per_minute"]:
+            tokens += f"/{k['tokens_per_minute']}"
+        requests = f"{k['requests_last_minute']}"
+        if k["requests_per_minute"]:
+            requests += f"/{k['requests_per_minute']}"
+        lines.append(
+            f"  key {k['name']}: {k['priority']}; running {k['running']}, waiting {k['waiting']}; "
+            f"last minute {requests} requests, {tokens} tokens; "
+            f"{k['preemptions']} preempted, {k['refused']} rate-limited"
+        )
+    return lines
+
+
 def status_lines(url: str, s: dict[str, Any]) -> tuple[list[str], int]:
     """What ``mlxd status`` prints for a ``/stats`` answer, and its exit code."""
     model, batch, config = s["model"], s["batch"], s["config"]
@@ -182,6 +200,7 @@ def status_lines(url: str, s: dict[str, Any]) -> tuple[list[str], int]:
             if m.get("wait_reason") or m.get("error"):
                 line += f" ({m.get('wait_reason') or m.get('error')})"
             lines.append(line)
+    lines += key_lines(s.get("keys") or [])
     # The default model may be unloaded (loaded on demand); pinned ones must be loaded.
     pinned_ok = all(m["state"] == "loaded" for m in models if m["pinned"])
     default_ok = model["status"] in ("ready", "unloaded")

@@ -2,7 +2,7 @@
 
 Chat completions, completions, Responses and Messages differ only in how they
 read a body and how they render events (their :class:`Output`). Everything
-between is here: the fleet lends the model (:func:`acquire`), the request's
+between is here: the fleet lends the model (:func:`mlxd.api.lease.acquire`), the request's
 values and grammar are checked before anything is queued
 (:func:`check_generation`), :func:`generate` submits it, waits until the
 engine accepts or refuses it, then answers whole or as SSE, and a client that
@@ -12,11 +12,10 @@ goes away cancels its generation at the next token.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import re
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from litestar import Request, Response
@@ -26,8 +25,11 @@ from mlxd.api.batches.dispatch import batch_mark
 from mlxd.api.forced_tool import force_tool_call
 from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.http.keys import who_of
 from mlxd.api.http.requestlog import note_of
+from mlxd.api.lease import is_anthropic
 from mlxd.api.lookup import PROMPT_CACHE_HEADER, PROMPT_RULES_HEADER, header_value
+from mlxd.api.priority import effective as effective_priority
 from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.state import AppState
 from mlxd.engine import (
@@ -36,7 +38,6 @@ from mlxd.engine import (
     Delta,
     Failed,
     Finished,
-    FleetRefusal,
     GenerationRequest,
     IntakeError,
     LaneDecision,
@@ -50,49 +51,6 @@ if TYPE_CHECKING:
 
 # The number of tools left out of a request to a model that cannot call tools.
 TOOLS_IGNORED_HEADER = "X-Mlxd-Tools-Ignored"
-
-
-def check_accepting(state: AppState) -> None:
-    """503 ``shutting_down`` once a graceful shutdown has begun."""
-    if state.shutting_down:
-        raise OpenAIError(
-            503,
-            "The server is shutting down; retry on another instance or later.",
-            code="shutting_down",
-        )
-
-
-async def acquire(state: AppState, name: str | None, kind: str = "chat") -> Lease:
-    """The model ``name`` (an id or alias) stands for, loaded and held for one request.
-
-    Unknown names get 404 ``model_not_found`` listing the ids; a model of the
-    other kind 400; a model that cannot load 503; one that can never fit in
-    ``[memory] budget`` 400. Release the lease when the answer is sent.
-    """
-    try:
-        return await state.fleet.acquire(name, kind)
-    except FleetRefusal as exc:
-        raise OpenAIError.from_failed(exc.failed) from None
-
-
-@contextlib.asynccontextmanager
-async def held(state: AppState, name: str | None, kind: str = "chat") -> AsyncIterator[Lease]:
-    """:func:`acquire` for a request answered whole: released when the block ends."""
-    lease = await acquire(state, name, kind)
-    try:
-        yield lease
-    finally:
-        lease.release()
-
-
-@contextlib.contextmanager
-def released_on_error(lease: Lease) -> Iterator[Lease]:
-    """Hold ``lease`` past the block (``generate`` releases it), unless the block fails."""
-    try:
-        yield lease
-    except BaseException:
-        lease.release()
-        raise
 
 
 async def check_generation(
@@ -275,6 +233,7 @@ async def generate(
     *,
     stream: bool,
     headers: dict[str, str] | None = None,
+    asked: str | None = None,
 ) -> Response[Any] | Stream:
     """Submit ``gen``, wait until the engine admits it, then answer whole or as SSE.
 
@@ -288,12 +247,24 @@ async def generate(
     prompt-cache lookup is known: every answer, streamed or not, carries
     ``X-Mlxd-Prompt-Cache`` (docs/api.md), and a request that fails while it
     waits gets its error status, not an SSE error after a 200.
+
+    The request runs as its API key (``client``) at the priority class it
+    ``asked`` for, never above its key's (:mod:`mlxd.api.priority`); its
+    tokens count against the key's ``tokens_per_minute`` when it ends.
     """
+    who = who_of(request.scope)
+    # A Batch API line runs as its owner's key in the idle-time class, outside the
+    # key's quotas (docs/batches.md).
+    batch_line = batch_mark(request.scope) is not None
     try:
+        gen = replace(
+            gen,
+            client=who.name if who is not None else None,
+            priority="batch" if batch_line else effective_priority(gen.priority, who, asked),
+        )
+        if who is not None or gen.priority != "normal":  # without keys the line stays as it was
+            note_of(request.scope).priority = gen.priority
         gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
-        mark = batch_mark(request.scope)
-        if mark is not None:  # a Batch API line: the idle-time class, its batch's owner
-            gen = dataclasses.replace(gen, priority="batch", client=mark.client)
         forced = force_tool_call(gen, lease.info, enabled=state.fault_injection)
         if forced is not gen:  # test-only (MLXD_FORCE_TOOL_CALL): compile its grammar
             await warm_constraint(state, lease, forced, json_param="", tools_param="tool_choice")
@@ -320,6 +291,7 @@ async def generate(
         output = make_output(accepted, lookup)
         headers = {
             **(headers or {}),
+            **state.quotas.headers(who, anthropic=is_anthropic(request)),
             "X-Mlxd-Lane": LaneDecision(accepted.lane, accepted.reason).header,
             "X-Request-Id": gen.id,
             PROMPT_CACHE_HEADER: header_value(lookup),
@@ -330,6 +302,9 @@ async def generate(
             headers[TOOLS_IGNORED_HEADER] = str(gen.tools_ignored)
 
         def done(outcome: Finished | Failed) -> None:
+            if isinstance(outcome, Finished) and not batch_line:
+                usage = outcome.usage
+                state.quotas.spend(who, usage.prompt_tokens + usage.completion_tokens)
             note.ended(outcome)
             state.observe(accepted, outcome)
 

@@ -100,7 +100,25 @@ def diff(old: Settings, new: Settings) -> list[Change]:
                 changes.append(
                     Change(f"{section}.{key}", _display(a), _display(b), reload_class(section, key))
                 )
-    return changes + _registry_diff(before["models"], after["models"])
+    changes += _registry_diff(before["models"], after["models"])
+    return changes + _keys_diff(before["keys"], after["keys"])
+
+
+def _keys_diff(before: dict[str, Any], after: dict[str, Any]) -> list[Change]:
+    """``[keys.<name>]`` changes, all live: a key added or removed, or one setting of it."""
+    changes = []
+    for name in [*before, *(n for n in after if n not in before)]:
+        a, b = before.get(name), after.get(name)
+        if a is None or b is None:
+            was, now = ("configured" if a else None), ("configured" if b else None)
+            changes.append(Change(f"keys.{name}", was, now, "live"))
+            continue
+        changes += [
+            Change(f"keys.{name}.{k}", _display(a.get(k)), _display(b.get(k)), "live")
+            for k in a
+            if a.get(k) != b.get(k)
+        ]
+    return changes
 
 
 def _registry_diff(before: dict[str, Any], after: dict[str, Any]) -> list[Change]:

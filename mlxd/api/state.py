@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 
+from mlxd.api.quotas import Quotas
 from mlxd.api.reload_log import ReloadLog
 from mlxd.api.responses.store import ResponseStore
 from mlxd.config import Settings
@@ -59,6 +60,8 @@ class AppState:
         # The Batch API's BatchService (set by make_app, started by the server); None in
         # bare test apps. Typed loosely: mlxd.api.batches imports this module.
         self.batches: Any = None
+        # Each API key's rolling-minute counts; they outlive reloads, not restarts.
+        self.quotas = Quotas()
 
     @property
     def engine(self) -> Engine:

@@ -62,7 +62,9 @@ def _issues_from_validation(exc: ValidationError, text: str | None = None) -> li
         else:
             reason = err["msg"].removeprefix("Value error, ")
             given = err.get("input")
-            secret = loc[:2] in (["server", "api_keys"], ["server", "admin_token"])
+            secret = loc[:2] in (["server", "api_keys"], ["server", "admin_token"]) or (
+                loc[:1] == ["keys"] and loc[-1:] == ["key"]
+            )
             if not secret and not isinstance(given, dict) and "(got " not in reason:
                 reason += f" (got {given!r})"
         issues.append(ConfigIssue(key=key, reason=reason, line=_line_of(text, loc)))
@@ -106,7 +108,11 @@ def _known_keys(parent: list[str]) -> list[str]:
     from mlxd.config.settings import SECTIONS
 
     if not parent:
-        return [*SECTIONS, "models"]
+        return [*SECTIONS, "models", "keys"]
+    if parent[0] == "keys" and len(parent) == 2:
+        from mlxd.config.keys import KeyEntry
+
+        return list(KeyEntry.model_fields)
     if parent[0] == "models" and len(parent) >= 2:
         if len(parent) == 2:
             return list(ModelEntry.model_fields)

@@ -95,6 +95,9 @@ def dump_toml(settings: Settings, *, reveal_secrets: bool = False) -> str:
         data["server"]["api_keys"] = [k.get_secret_value() for k in settings.server.api_keys]
         token = settings.server.admin_token
         data["server"]["admin_token"] = token.get_secret_value() if token else None
+        for name, entry in settings.keys.items():
+            if entry.key is not None:
+                data["keys"][name]["key"] = entry.key.get_secret_value()
     return tomli_w.dumps(_drop_none(data))
 
 

@@ -7,9 +7,11 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, cast
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, TomlConfigSettingsSource
 
 from mlxd.config.entry import ModelEntry
+from mlxd.config.keys import KEY_NAME, KeyEntry, SchedulingSettings
 from mlxd.config.sections import (
     BatchesSettings,
     BatchSettings,
@@ -74,8 +76,28 @@ class Settings(BaseSettings):
     runtime: RuntimeSettings = RuntimeSettings()
     memory: MemorySettings = MemorySettings()
     cluster: ClusterSettings | None = None
+    scheduling: SchedulingSettings = SchedulingSettings()
+    # [keys.<name>] tables: API keys as identities (mlxd.config.keys).
+    keys: dict[str, KeyEntry] = {}
     # [models.<id>] tables; empty when the config has the one [model] table.
     models: dict[str, ModelEntry] = {}
+
+    @field_validator("keys")
+    @classmethod
+    def _check_keys(cls, value: dict[str, KeyEntry]) -> dict[str, KeyEntry]:
+        secrets: dict[str, str] = {}
+        for name, entry in value.items():
+            if not KEY_NAME.match(name):
+                raise ValueError(
+                    f"[keys.{name}]: a key's name is 1-64 letters, digits, '_', '.' or '-' "
+                    "(it shows in logs, /stats and metrics)"
+                )
+            if entry.key is not None:
+                secret = entry.key.get_secret_value()
+                if secret in secrets:
+                    raise ValueError(f"[keys.{name}] has the same key as [keys.{secrets[secret]}]")
+                secrets[secret] = name
+        return value
 
     @classmethod
     def settings_customise_sources(
@@ -99,7 +121,7 @@ def _section_class(annotation: Any) -> type[Section]:
 SECTIONS: dict[str, type[Section]] = {
     name: _section_class(field.annotation)
     for name, field in Settings.model_fields.items()
-    if name != "models"  # the registry: tables of ModelEntry, see mlxd.config.registry
+    if name not in ("models", "keys")  # tables of tables: ModelEntry, KeyEntry
 }
 
 

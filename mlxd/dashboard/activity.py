@@ -53,6 +53,9 @@ def active_rows(s: dict[str, Any], now: float) -> Formatted:
                 "projected_kv": human_bytes(r["projected_kv_bytes"]),
                 "constraint": r.get("constraint"),
                 "output": r.get("output") if r.get("output") not in (None, "answer") else None,
+                "priority": r.get("priority", "normal"),
+                "key": r.get("key"),
+                "preemptions": r.get("preemptions", 0),
             }
         )
     b = s["batch"]
@@ -84,6 +87,9 @@ def pending_queue(s: dict[str, Any], now: float) -> Formatted:
             "projected_kv": human_bytes(p["projected_kv_bytes"]),
             "waiting_for": p["waiting_for"],
             "waiting_for_label": WAITING_FOR.get(p["waiting_for"], p["waiting_for"]),
+            "priority": p.get("priority", "normal"),
+            "key": p.get("key"),
+            "preempted": p.get("preempted", False),
         }
         for p in s["pending"]
     ]

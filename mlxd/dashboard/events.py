@@ -1,4 +1,4 @@
-"""The event log (drains and reloads) and the log tail."""
+"""The event log (drains, preemptions and reloads) and the log tail."""
 
 from __future__ import annotations
 
@@ -47,8 +47,25 @@ def _reload_event(r: dict[str, Any], now: float) -> Formatted:
     }
 
 
+def _preemption_event(p: dict[str, Any], now: float) -> Formatted:
+    return {
+        "kind": "preemption",
+        "at": p["at"],
+        "open": False,
+        "title": f"{p['priority']} row yielded to a {p['by_priority']} request",
+        "status": "resumes",
+        "details": [
+            ("request", short_id(p["request_id"])),
+            ("key", p["key"] or "-"),
+            ("after", f"{p['generated_tokens']} tokens"),
+            ("for", short_id(p["by_request_id"])),
+        ],
+    }
+
+
 def event_log(s: dict[str, Any], now: float, limit: int = 20) -> Formatted:
     events = [_drain_event(d, now) for d in s["drains"]]
+    events += [_preemption_event(p, now) for p in s.get("preemptions") or ()]
     events += [_reload_event(r, now) for r in s["reloads"]]
     # Open drains first, then newest first.
     events.sort(key=lambda e: (not e["open"], -e["at"]))

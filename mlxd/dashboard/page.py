@@ -22,6 +22,7 @@ from litestar.response import Redirect
 from mlxd.api.http.access import can_admin, can_read, exposure_warning
 from mlxd.api.ops.recent import install_recent
 from mlxd.api.ops.stats import NO_STORE, daemon_stats
+from mlxd.api.ops.who import keys_stats
 from mlxd.api.state import AppState, Mlxd
 from mlxd.dashboard import logtail, procmem
 from mlxd.dashboard.batch_actions import batches_state
@@ -63,6 +64,7 @@ def dashboard_state(
     state["process"] = {"rss_bytes": rss_bytes, "rss_label": rss_label}
     state["log_tail"] = [asdict(e) for e in logtail.TAIL.entries()] if admin else None
     state["admin"] = admin
+    state["keys"] = keys_stats(mlxd)
     if fleet:  # only the models panel reads it
         state |= panel_state(request, mlxd, admin)
     state |= batches_state(request, mlxd, admin)

@@ -18,6 +18,7 @@ from mlxd.dashboard.cluster_panel import cluster_panel
 from mlxd.dashboard.formatting import Formatted
 from mlxd.dashboard.models_panel import models_panel
 from mlxd.dashboard.prompt_cache_panel import prompt_cache_panel
+from mlxd.dashboard.who_panel import who_panel
 
 Formatter = Callable[[dict[str, Any], float], Formatted]
 
@@ -32,6 +33,7 @@ REGIONS: dict[str, Formatter] = {
     "history": charts.history,
     "active-rows": activity.active_rows,
     "pending-queue": activity.pending_queue,
+    "who": who_panel,
     "event-log": events.event_log,
     "counters": activity.counters,
     "batches": batches_panel,

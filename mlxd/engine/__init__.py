@@ -61,6 +61,8 @@ from mlxd.engine.messages import (
     Usage,
 )
 from mlxd.engine.policy.lanes import LaneDecision
+from mlxd.engine.policy.priority import CLASSES as PRIORITY_CLASSES
+from mlxd.engine.policy.priority import capped as capped_priority
 from mlxd.engine.snapshot import RecentLookup, Snapshot
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODEL_STATES",
+    "PRIORITY_CLASSES",
     "TOOL_GRAMMAR_FORMATS",
     "Accepted",
     "Admitted",
@@ -113,6 +116,7 @@ __all__ = [
     "ToolCall",
     "TopLogprob",
     "Usage",
+    "capped_priority",
     "check_constraint",
     "check_embedding_inputs",
     "check_request",

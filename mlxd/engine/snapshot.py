@@ -56,6 +56,10 @@ class RunningRow:
     constraint: str | None = None
     # Where the output is: "answer", "reasoning" (inside think markers) or "tool" (a call).
     output: str = "answer"
+    # Scheduling (issue 23): its priority class, its API key's name, times it yielded.
+    priority: str = "normal"
+    key: str | None = None
+    preemptions: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,24 @@ class WaitingRequest:
     prompt_tokens: int
     projected_kv_bytes: int
     waiting_for: str
+    priority: str = "normal"
+    key: str | None = None
+    # Preempted: it ran, yielded to a more urgent request, and resumes from its kept cache.
+    preempted: bool = False
+
+
+@dataclass(frozen=True)
+class PreemptionEvent:
+    """A running row that yielded to a more urgent one ([scheduling] preempt)."""
+
+    at: float
+    lane: str
+    request_id: str
+    key: str | None
+    priority: str
+    generated_tokens: int
+    by_request_id: str
+    by_priority: str
 
 
 @dataclass(frozen=True)
@@ -161,6 +183,8 @@ class Snapshot:
     stall: str | None = None
     # The last prompt-cache lookups, newest first; prompt text, so not in as_dict.
     lookups: tuple[RecentLookup, ...] = ()
+    # The last preemptions, newest first.
+    preemptions: tuple[PreemptionEvent, ...] = ()
 
     def as_dict(self, now: float | None = None) -> dict[str, Any]:
         """The JSON shape of ``GET /stats`` (docs/api.md); ``lookups`` is left out."""

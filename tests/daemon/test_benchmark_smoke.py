@@ -146,3 +146,19 @@ def test_agent_session_benchmark_replays_a_session_on_both_servers(tmp_path: Pat
     assert set(result["verdict"]) >= {"mlxd_worst_ttft_ratio", "restart_turn2_share"}
     assert "| turn | prompt | mlxd cached | mlxd TTFT ms | mlx_lm.server cached |" in done.stdout
     assert "\n| 2 | " in done.stdout
+
+
+def test_priority_benchmark_measures_fifo_against_preemption(tiny_models, tmp_path: Path) -> None:
+    out = tmp_path / "priority.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "priority.py"), "--quick",
+        "--model", str(tiny_models("llama")), "--modes", "fifo,preempt", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"fifo", "preempt"}
+    for m in results.values():
+        assert m["errors"] == 0 and m["tokens_per_s"] > 0 and m["interactive_requests"] > 0
+    assert results["fifo"]["preemptions"] == 0
+    assert "| preempt |" in done.stdout and "vs fifo" in done.stdout

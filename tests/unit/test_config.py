@@ -21,6 +21,7 @@ from mlxd.config import (
     parse_bytes,
     reload_class,
 )
+from mlxd.config.keys import KeyEntry
 from tests.support import ROOT
 
 
@@ -204,10 +205,12 @@ def all_keys(*, entry_keys: str = "own") -> set[str]:
     entry = set(ModelEntry.model_fields)
     if entry_keys == "own":
         entry -= set(ModelSettings.model_fields)
-    return keys | {f"models.{k}" for k in entry}
+    return keys | {f"models.{k}" for k in entry} | {f"keys.{k}" for k in KeyEntry.model_fields}
 
 
 def _reload_class(section: str, name: str) -> str:
+    if section == "keys":
+        return KeyEntry.model_fields[name].json_schema_extra["reload"]
     if section == "models":
         return ModelEntry.model_fields[name].json_schema_extra["reload"]
     return reload_class(section, name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.dashboard import activity
+from mlxd.dashboard.who_panel import who_panel
 
 
 def _rows(lanes: list[str]) -> list[dict[str, Any]]:
@@ -105,3 +106,41 @@ def test_models_panel_shows_each_model_against_the_budget() -> None:
     ]  # fmt: skip
     assert v["csrf"] == "tok"
     assert models_panel({"fleet": _fleet(), "actions": None}, 100.0)["csrf"] is None
+
+
+# ---------------------------------------------------------------- the who panel
+
+
+def _key(name: str, **kw: Any) -> dict[str, Any]:
+    base = {
+        "name": name, "priority": "normal", "models": [], "requests_per_minute": 0,
+        "tokens_per_minute": 0, "max_concurrent": 0, "running": 0, "waiting": 0,
+        "in_flight": 0, "requests_last_minute": 0, "tokens_last_minute": 0, "refused": 0,
+        "requests_total": 0, "tokens_total": 0, "preemptions": 0,
+    }  # fmt: skip
+    return base | kw
+
+
+def test_who_panel_shows_each_key_against_its_quota() -> None:
+    keys = [
+        _key("kids", priority="low", tokens_per_minute=1000, tokens_last_minute=250, refused=2),
+        _key("me", priority="high", running=1, waiting=2, preemptions=0, models=["qwen*"]),
+    ]
+    v = who_panel({"keys": keys, "counters": {"preemptions": 3}}, 0.0)
+    kids, me = v["who"]
+    assert (kids["tokens"], kids["tokens_width"], kids["refused"]) == ("250 / 1,000", "25.0%", "2")
+    assert (me["tokens"], me["tokens_width"], me["models"]) == ("0", None, "qwen*")
+    assert (me["running"], me["waiting"], me["priority"]) == ("1", "2", "high")
+    assert v["summary"] == "2 API keys" and v["preemptions"] == "3"
+
+
+def test_who_panel_without_keys_says_v1_is_open() -> None:
+    v = who_panel({"keys": [], "counters": {}}, 0.0)
+    assert v["who"] == [] and v["preemptions"] is None and "open" in v["summary"]
+
+
+def test_running_and_waiting_rows_carry_their_key_priority_and_preemption() -> None:
+    rows = _rows(["serial"])
+    rows[0] |= {"priority": "low", "key": "indexer", "preemptions": 2}
+    r = activity.active_rows({"rows": rows, "batch": _snapshot([], 1)["batch"]}, 0.0)["rows"][0]
+    assert (r["priority"], r["key"], r["preemptions"]) == ("low", "indexer", 2)

@@ -102,3 +102,29 @@ def test_end_without_waiter_counts_the_whole_pause_as_wait():
     event = log.end(wall=3.0, mono=3.0)
     assert event.serial_wait_s == 3.0 and event.paused_s == 3.0
     assert log.end(wall=4.0, mono=4.0) is None
+
+
+def test_a_more_urgent_batch_request_is_admitted_instead_of_draining():
+    p = plan(state(batch_running=2, batch_pending=1, serial_waiting=1, batch_outranks=True))
+    assert p.admit_batch and not p.draining and not p.start_serial
+
+
+def test_a_more_urgent_batch_request_goes_first_when_both_lanes_are_idle():
+    p = plan(state(batch_pending=1, serial_waiting=1, last_turn="batch", batch_outranks=True))
+    assert p.admit_batch and not p.start_serial
+
+
+def test_the_serial_waiter_drains_once_nothing_more_urgent_waits():
+    # Nothing pending outranks it (or aging lifted it level): the drain rule applies.
+    for pending in (0, 2):
+        p = plan(state(batch_running=2, batch_pending=pending, serial_waiting=1))
+        assert p.draining and not p.admit_batch
+    p = plan(state(batch_running=2, batch_pending=0, serial_waiting=1, batch_outranks=True))
+    assert p.draining  # outranking needs a batch request to admit
+
+
+def test_priority_never_overrides_an_exclusive_call_or_a_running_serial_row():
+    p = plan(state(exclusive_waiting=True, batch_pending=1, serial_waiting=1, batch_outranks=True))
+    assert not p.admit_batch
+    p = plan(state(serial_running=True, batch_pending=1, serial_waiting=1, batch_outranks=True))
+    assert not p.admit_batch and p.batch_blocked_by == "serial_lane"

@@ -25,19 +25,12 @@ from mlxd.api.anthropic.schema import (
     count_tokens_request,
     messages_request,
 )
-from mlxd.api.generate import (
-    Output,
-    acquire,
-    check_accepting,
-    check_generation,
-    check_values,
-    generate,
-    held,
-    released_on_error,
-)
+from mlxd.api.generate import Output, check_generation, check_values, generate
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError, error_handlers
+from mlxd.api.lease import acquire, check_accepting, held, released_on_error
+from mlxd.api.priority import requested as requested_priority
 from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.state import Mlxd
 from mlxd.engine import Accepted, CacheLookup, Failed
@@ -65,7 +58,8 @@ class MessagesController(Controller):
         check_accepting(mlxd)
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, MessagesRequest)
-        lease = await acquire(mlxd, req.model)
+        asked = requested_priority(req)
+        lease = await acquire(mlxd, req.model, request=request)
         with released_on_error(lease):
             info = lease.info
             call = messages_request(req, lease.settings, faults=mlxd.fault_injection, info=info)
@@ -78,13 +72,15 @@ class MessagesController(Controller):
                 call.gen.id, accepted.model, accepted.prompt_tokens, lookup.cached_tokens
             )
 
-        return await generate(request, mlxd, lease, call.gen, make_output, stream=call.stream)
+        return await generate(
+            request, mlxd, lease, call.gen, make_output, stream=call.stream, asked=asked
+        )
 
     @post("/count_tokens", status_code=200)
     async def count_tokens(self, request: Request, mlxd: Mlxd) -> dict[str, int]:
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, CountTokensRequest)
-        async with held(mlxd, req.model) as lease:
+        async with held(mlxd, req.model, request=request, quota=False) as lease:
             gen = count_tokens_request(req, info=lease.info)
             # The prompt the real request runs: the same volatile rules apply.
             gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)

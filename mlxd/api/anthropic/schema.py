@@ -54,6 +54,8 @@ class MessagesRequest(_MessagesBody, kw_only=True):
     top_k: int | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+    # The priority class the request asks for, at most its key's (mlxd.api.priority).
+    priority: str | int | None = None
     # Refused unless they ask for nothing.
     container: Any = None
     mcp_servers: list[Any] | None = None

@@ -7,8 +7,10 @@ route's error handlers shape any refusal. So a line's ``status_code`` and
 ``body`` are what the same request sent over HTTP would get, by
 construction. The scope carries :class:`BatchMark` (no client can put a key
 in an ASGI scope): the API-key guard lets it pass (the batch's owner was
-checked when the batch was created) and :func:`~mlxd.api.generate.generate`
-gives the request the ``batch`` priority and the owner as its client.
+checked when the batch was created) and its owner's identity: the line runs
+as that key (its name, its ``models``; not its rate quotas: the lines run only
+in idle time), and :func:`~mlxd.api.generate.generate` gives it the ``batch``
+priority.
 
 Cancelling a line (its batch cancelled) is a client disconnect: the route
 cancels the generation at its next token, as for a client that went away.
@@ -21,6 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from mlxd.api.http.keys import WHO_SCOPE_KEY, Who
+
 # The scope key a batch line's request carries.
 BATCH_SCOPE_KEY = "mlxd.batch"
 
@@ -31,7 +35,9 @@ class BatchMark:
 
     batch_id: str
     custom_id: str
-    client: str | None
+    # The key that created the batch, as configured now; None when /v1 is open
+    # (or the key is gone: then the guard answers the line with its 401).
+    who: Who | None
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,8 @@ async def run_line(
         "state": {},
         BATCH_SCOPE_KEY: mark,
     }
+    if mark.who is not None:
+        scope[WHO_SCOPE_KEY] = mark.who
     sent = False
 
     async def receive() -> dict[str, Any]:

@@ -21,8 +21,8 @@ from mlxd.api.batches.jsonl import BadLine, check_lines
 from mlxd.api.batches.service import BatchService, owner, service
 from mlxd.api.batches.store import FileRow, new_id
 from mlxd.api.batches.upload import read_upload
-from mlxd.api.generate import check_accepting
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.lease import check_accepting
 from mlxd.api.state import Mlxd
 
 PURPOSES = ("batch",)

@@ -21,10 +21,10 @@ from mlxd.api.batches.files import find_file
 from mlxd.api.batches.jsonl import ENDPOINTS
 from mlxd.api.batches.service import BatchService, owner, service
 from mlxd.api.batches.store import BatchRow, new_id
-from mlxd.api.generate import check_accepting
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.lease import check_accepting
 from mlxd.api.state import Mlxd
 
 _WINDOW = re.compile(r"^([1-9]\d{0,3})h$")

@@ -31,6 +31,7 @@ from mlxd.api.batches.jsonl import BadLine, RequestLine, request_lines
 from mlxd.api.batches.lane import in_hours
 from mlxd.api.batches.models import Room, room_for
 from mlxd.api.batches.store import BatchRow, Store, new_id
+from mlxd.api.http.keys import who_by_digest
 
 if TYPE_CHECKING:
     from mlxd.api.state import AppState
@@ -265,8 +266,10 @@ class Runner:
     # ------------------------------------------------------------ one line
 
     async def _line(self, job: Job, line: RequestLine, cancel: asyncio.Event) -> None:
-        # client: the key's NAME once keys have names (issue 23); an owner hash is no name.
-        mark = BatchMark(job.row.id, line.custom_id, client=None)
+        # The line runs as the key that created the batch, as it is configured now
+        # (a key removed since: no identity, and the line gets the guard's 401).
+        who = who_by_digest(job.row.owner, self.state.settings)
+        mark = BatchMark(job.row.id, line.custom_id, who=who)
         try:
             try:
                 answer = await run_line(self.app, line.url, line.body, mark, cancel)

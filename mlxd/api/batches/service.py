@@ -8,7 +8,6 @@ API off with a warning: its routes answer 503, the rest of the daemon runs.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import sqlite3
 import time
@@ -19,7 +18,7 @@ from litestar import Request
 from mlxd.api.batches.runner import Runner
 from mlxd.api.batches.store import BatchRow, Store
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.keys import presented_key
+from mlxd.api.http.keys import key_digest, presented_key, secrets
 
 if TYPE_CHECKING:
     from mlxd.api.state import AppState
@@ -127,12 +126,11 @@ def service(state: AppState) -> BatchService:
 def owner(request: Request) -> str | None:
     """Who owns the files and batches a request creates: its API key, None without keys.
 
-    Kept as a SHA-256 of the key (stable across restarts, unlike the Responses
-    store's per-process HMAC; keys are long random secrets, so a plain hash
-    reveals nothing). With named keys (issue 23) this becomes the key's name.
+    Kept as the key's digest (:func:`~mlxd.api.http.keys.key_digest`, stable
+    across restarts, unlike the Responses store's per-process HMAC). The
+    batch's lines run as the key with that digest, with its name, models and
+    class (:func:`~mlxd.api.http.keys.who_by_digest`).
     """
-    keys = request.app.state.mlxd.settings.server.api_keys
+    keys = secrets(request.app.state.mlxd.settings)
     key = presented_key(request.headers, keys) if keys else None
-    if key is None:
-        return None
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return key_digest(key) if key is not None else None

@@ -143,7 +143,7 @@ def exposure_warning(settings: Settings) -> str | None:
         return None
     api = (
         "/v1 is open to anyone who can reach this address (no [server] api_keys)"
-        if not server.api_keys
+        if not (server.api_keys or settings.keys)
         else "/v1 needs an API key"
     )
     return (

@@ -4,7 +4,8 @@
 prompt=25 cached=0 diverged_at=0 generated=64 finish=length ttft=0.251s duration=3.412s``
 
 (``diverged_at`` on a partial prompt-cache hit or a miss, ``rules=`` when a
-``[prompt_cache] volatile_rules`` rule changed the prompt.)
+``[prompt_cache] volatile_rules`` rule changed the prompt; ``key=<name>
+priority=<class>`` first when the request came with an API key.)
 
 :func:`request_log` is the ``/v1`` router's middleware (so only the API's
 routes are logged): it times the whole exchange (for a stream, until its last
@@ -37,6 +38,9 @@ _SCOPE_KEY = "mlxd.request_note"
 class Note:
     """What the handler learned about one request; unset fields are left out of the line."""
 
+    # The API key's name (never the secret) and the priority class the request ran at.
+    key: str | None = None
+    priority: str | None = None
     model: str | None = None
     lane: str | None = None
     prompt_tokens: int | None = None
@@ -67,6 +71,8 @@ class Note:
 
     def fields(self) -> str:
         parts = [
+            ("key", self.key),
+            ("priority", self.priority),
             ("model", self.model),
             ("lane", self.lane),
             ("prompt", self.prompt_tokens),

@@ -18,11 +18,11 @@ import msgspec
 import numpy as np
 from litestar import Controller, Request, Response, post
 
-from mlxd.api.generate import check_accepting, held
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode_parameters
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
+from mlxd.api.lease import check_accepting, held
 from mlxd.api.state import AppState, Mlxd
 from mlxd.engine import EmbeddingError, EmbeddingResult, Failed, check_embedding_inputs
 
@@ -124,7 +124,7 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
     inputs = shape_inputs(req.input)
     encoding_format = _check_format(req.encoding_format)
     try:
-        async with held(state, req.model, "embedding") as lease:
+        async with held(state, req.model, "embedding", request=request) as lease:
             engine = lease.engine
             note.model = lease.id
             if engine.info is not None:

@@ -14,18 +14,13 @@ from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from mlxd.api.generate import (
-    Output,
-    acquire,
-    check_accepting,
-    check_generation,
-    generate,
-    released_on_error,
-)
+from mlxd.api.generate import Output, check_generation, generate
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode_parameters
 from mlxd.api.http.errors import OpenAIError, without_paths
+from mlxd.api.http.keys import who_of
 from mlxd.api.http.requestlog import note_of
+from mlxd.api.lease import acquire, check_accepting, released_on_error
 from mlxd.api.openai.render import Kind, Renderer, sse_error
 from mlxd.api.openai.schema import (
     ChatRequest,
@@ -33,6 +28,7 @@ from mlxd.api.openai.schema import (
     chat_request,
     completion_request,
 )
+from mlxd.api.priority import requested as requested_priority
 from mlxd.api.state import AppState, Mlxd
 from mlxd.engine import (
     TOOL_GRAMMAR_FORMATS,
@@ -84,14 +80,19 @@ class OpenAIController(Controller):
     path = "/"
 
     @get("/models")
-    async def list_models(self, mlxd: Mlxd) -> dict[str, Any]:
-        return {"object": "list", "data": [model_json(m) for m in mlxd.fleet.status().models]}
+    async def list_models(self, request: Request, mlxd: Mlxd) -> dict[str, Any]:
+        """Every configured model, or those the request's API key may use."""
+        models = _visible(request, mlxd)
+        return {"object": "list", "data": [model_json(m) for m in models]}
 
     @get("/models/{model_id:path}")
-    async def get_model(self, mlxd: Mlxd, model_id: FromPath[str]) -> dict[str, Any]:
-        model = mlxd.fleet.status().get(model_id.lstrip("/"))
+    async def get_model(
+        self, request: Request, mlxd: Mlxd, model_id: FromPath[str]
+    ) -> dict[str, Any]:
+        visible = _visible(request, mlxd)
+        model = next((m for m in visible if m.id == model_id.lstrip("/")), None)
         if model is None:
-            ids = ", ".join(m.id for m in mlxd.fleet.status().models)
+            ids = ", ".join(m.id for m in visible)
             raise OpenAIError(
                 404,
                 f"The model '{model_id.lstrip('/')}' does not exist (configured: {ids}).",
@@ -107,6 +108,12 @@ class OpenAIController(Controller):
     @post("/completions", status_code=200)
     async def completions(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:
         return await _serve(request, mlxd, "completion")
+
+
+def _visible(request: Request, state: AppState) -> list[ModelState]:
+    """The configured models, less those the request's API key may not use (its ``models``)."""
+    who = who_of(request.scope)
+    return [m for m in state.fleet.status().models if who is None or who.may_use(m.id)]
 
 
 _KINDS: dict[
@@ -125,7 +132,8 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
     policy = state.settings.server.unknown_parameters
     req, headers = decode_parameters(body, schema, policy, request.url.path)
     note_of(request.scope).model = req.model
-    lease = await acquire(state, req.model)
+    asked = requested_priority(req)
+    lease = await acquire(state, req.model, request=request)
     with released_on_error(lease):
         gen = build(req, lease.settings, faults=state.fault_injection, info=lease.info)
         await check_generation(
@@ -144,7 +152,7 @@ async def _serve(request: Request, state: AppState, kind: Kind) -> Response[Any]
         return ChatOutput(renderer, usage)
 
     return await generate(
-        request, state, lease, gen, make_output, stream=req.stream, headers=headers
+        request, state, lease, gen, make_output, stream=req.stream, headers=headers, asked=asked
     )
 
 

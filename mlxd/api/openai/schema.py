@@ -53,6 +53,8 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
+    # The priority class the request asks for, at most its key's (mlxd.api.priority).
+    priority: str | int | None = None
     # Test-only fault injection; refused unless the server enables it.
     mlxd_fault: str | None = None
 

@@ -103,6 +103,8 @@ COUNTERS: tuple[tuple[str, str, Reader], ...] = (
      lambda s: s.counters["tool_calls"]),
     ("mlxd_tool_call_parse_failures", "Tool-call texts that did not parse (sent as content).",
      lambda s: s.counters["tool_call_parse_failures"]),
+    ("mlxd_preemptions", "Running rows that yielded to a more urgent request ([scheduling]).",
+     lambda s: s.counters["preemptions"]),
 )  # fmt: skip
 
 # (name, help, counters key, label): counters keyed by one label.

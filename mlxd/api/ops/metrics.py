@@ -40,8 +40,10 @@ from prometheus_client import (
 from mlxd.api.batches.metrics import BatchCollector
 from mlxd.api.ops.engine_metrics import LANES, SnapshotCollector
 from mlxd.api.ops.fleet_metrics import FleetCollector
+from mlxd.api.ops.key_metrics import KeyCollector
 from mlxd.api.ops.recent import inter_token_s
 from mlxd.api.ops.stats import NO_STORE, read_guard
+from mlxd.api.ops.who import keys_stats
 from mlxd.api.state import AppState, Mlxd
 from mlxd.engine import Finished, FleetStatus
 
@@ -76,6 +78,7 @@ class Metrics:
         )
         self.registry.register(FleetCollector(state.fleet.status))
         self.registry.register(BatchCollector(lambda: state.batches))
+        self.registry.register(KeyCollector(lambda: keys_stats(state)))
         hist = self._histogram
         self.queue_wait = hist(
             "mlxd_queue_wait_seconds", "Arrival to admission, per completed request.", QUEUE_BUCKETS

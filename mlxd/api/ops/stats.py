@@ -20,6 +20,7 @@ from litestar.handlers import BaseRouteHandler
 
 from mlxd.api.http.access import admin_refusal, can_admin, can_read
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.ops.who import keys_stats
 from mlxd.api.state import AppState, Mlxd
 from mlxd.config import Settings
 from mlxd.engine import RecentLookup
@@ -115,6 +116,7 @@ class StatsController(Controller):
         # Every configured model, and the memory budget they share (docs/api.md).
         body["fleet"] = fleet_stats(mlxd, admin=admin)
         body["responses"] = responses_stats(mlxd)
+        body["keys"] = keys_stats(mlxd)
         if mlxd.batches is not None:  # the Batch API (docs/api.md, ``batches``)
             body["batches"] = mlxd.batches.stats()
         return Response(body, headers=NO_STORE)

@@ -15,18 +15,13 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from mlxd.api.batches.dispatch import batch_mark
-from mlxd.api.generate import (
-    Output,
-    acquire,
-    check_accepting,
-    check_generation,
-    generate,
-    released_on_error,
-)
+from mlxd.api.generate import Output, check_generation, generate
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.keys import presented_key
+from mlxd.api.http.keys import presented_key, secrets
+from mlxd.api.lease import acquire, check_accepting, released_on_error
+from mlxd.api.priority import requested as requested_priority
 from mlxd.api.responses.render import ResponsesOutput
 from mlxd.api.responses.schema import ResponsesRequest, responses_request
 from mlxd.api.responses.store import owner_of
@@ -47,7 +42,7 @@ def _not_found(rid: str, *, status: int, param: str | None = None) -> OpenAIErro
 
 def _owner(request: Request, state: AppState) -> str | None:
     """Who a stored response belongs to: the request's API key (hashed), None without keys."""
-    keys = state.settings.server.api_keys
+    keys = secrets(state.settings)
     return owner_of(presented_key(request.headers, keys)) if keys else None
 
 
@@ -90,7 +85,8 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
         if stored is None:
             raise _not_found(req.previous_response_id, status=400, param="previous_response_id")
         previous = stored.messages()
-    lease = await acquire(state, req.model)
+    asked = requested_priority(req)
+    lease = await acquire(state, req.model, request=request)
     with released_on_error(lease):
         call = responses_request(
             req, lease.settings, previous, faults=state.fault_injection, info=lease.info
@@ -112,4 +108,6 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
             call.gen.id, accepted.model, call.echo, keep, warm_up=not call.generate
         )
 
-    return await generate(request, state, lease, call.gen, make_output, stream=call.stream)
+    return await generate(
+        request, state, lease, call.gen, make_output, stream=call.stream, asked=asked
+    )

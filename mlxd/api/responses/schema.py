@@ -60,6 +60,8 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None
+    # The priority class the request asks for, at most its key's (mlxd.api.priority).
+    priority: str | int | None = None
     user: str | None = None
     context_management: Any = None
     client_metadata: dict[str, Any] | None = None

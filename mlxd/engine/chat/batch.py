@@ -113,7 +113,7 @@ class BatchLane:
         self.lone = not self.rows
         (uid,) = self._gen.insert_segments(
             [segments(rest, start, [p for p, _ in row.checkpoints])],
-            max_tokens=[row.max_tokens],
+            max_tokens=[row.tokens_left],
             caches=[cache] if cache is not None else None,
             all_tokens=[row.prompt[: len(row.prompt) - len(rest)]] if cache is not None else None,
             samplers=[guard_sampler(row, sampler)] if sampler else None,

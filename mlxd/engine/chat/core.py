@@ -111,6 +111,11 @@ class EngineCore(KvBudget):
         self.last_error: str | None = None
         self.last_error_at: float | None = None
         self.avg_generated = float(settings.sampling.max_tokens)
+        # Scheduling (mlxd.engine.chat.preempt): arrival numbers, recent preemptions.
+        self.next_seq = 0
+        # When each API key last had a request admitted (fair share's tie-break).
+        self.served: dict[str, float] = {}
+        self.preemptions: deque[Any] = deque(maxlen=32)
 
     @property
     def busy(self) -> bool:
@@ -236,6 +241,13 @@ class EngineCore(KvBudget):
         loaded = self.loaded
         assert loaded is not None
         cached = len(row.prompt) - len(fetched.rest)
+        self.served[row.key] = time.monotonic()
+        if row.resumed:  # a preempted row: its client was told long ago; it goes on decoding
+            row.resumed, row.started_mono = False, time.monotonic()
+            row.prefill_done, row.prefill_total = 0, len(fetched.rest)
+            row.phase = "decode"
+            self.counters.resumed += 1
+            return
         row.admitted(cached)
         lookup = checkpoints.lookup(fetched, row.prompt, loaded.tokenizer)
         row.lookup = lookup
@@ -308,7 +320,7 @@ class EngineCore(KvBudget):
         row.finish(reason, stopped_by_string=stopped_by_string)
         c = self.counters
         c.outcome(row.lane, "completed")
-        c.prompt_tokens += len(row.prompt)
+        c.prompt_tokens += row.prompt_tokens
         c.generated_tokens += row.generated
         c.cached_tokens += row.cached_tokens
         c.tool_calls += row.output.calls

@@ -98,6 +98,11 @@ class Counters:
     constrained_rows: dict[str, int] = field(default_factory=dict)
     tool_calls: int = 0
     tool_call_parse_failures: int = 0
+    # Rows that yielded to a more urgent request ([scheduling] preempt), by API key
+    # name ("" without keys); and preempted rows admitted again.
+    preemptions: int = 0
+    preemptions_by_key: dict[str, int] = field(default_factory=dict)
+    resumed: int = 0
 
     def outcome(self, lane: str, outcome: str) -> None:
         self.requests[lane][outcome] += 1

@@ -50,6 +50,8 @@ def enqueue(
             channel, Failed("queue_full", message, 429, retry_after=_retry_after(core, depth))
         )
     row = _row(loaded, request, channel, prepared, now_mono, now_wall)
+    row.seq, row.queued_mono = core.next_seq, now_mono
+    core.next_seq += 1
     counters = core.counters
     counters.submitted += 1
     reasons = counters.lane_reasons
@@ -84,6 +86,15 @@ def prepare_queued_again(core: EngineCore) -> None:
     assert loaded is not None
     for queue in (core.pending, core.serial_queue):
         for row in list(queue):
+            if row.folded:  # its generated tokens are the old model's: it cannot go on
+                queue.remove(row)
+                message = (
+                    "the model was swapped while this request was paused for a more urgent "
+                    "one ([scheduling] preempt); its answer cannot go on with another model: "
+                    "retry it"
+                )
+                core.fail(row, message, code="model_not_loaded", status=503)
+                continue
             prepared = prepare(loaded, row.request, core.settings, core.room)
             if isinstance(prepared, Failed):
                 queue.remove(row)

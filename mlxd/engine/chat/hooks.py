@@ -110,6 +110,8 @@ class OneMachine:
     heartbeat_s = math.inf
     checkpoints = True
     disk_tier = True
+    # Rows may yield to more urgent ones ([scheduling] preempt); a cluster's may not.
+    preemption = True
 
     def run(self, serve: Callable[[], None], halt: Halt) -> None:
         serve()

@@ -82,10 +82,52 @@ class Row:
     # Why a queued row counts as stalled (refused on an idle lane; see
     # mlxd.engine.policy.stalls); admission then looks past it.
     stalled: str | None = None
+    # Scheduling (mlxd.engine.policy.priority): arrival number, when the row
+    # (re-)entered its queue, and preemption. A preempted row's generated
+    # tokens are folded into ``prompt`` (``folded`` of them) so that it resumes
+    # from its kept cache; ``max_tokens`` stays the request's whole allowance.
+    seq: int = 0
+    queued_mono: float = 0.0
+    preemptions: int = 0
+    folded: int = 0
+    resumed: bool = False
+    # When the row last started running (its admission, or its resumption).
+    started_mono: float = 0.0
 
     @property
     def id(self) -> str:
         return self.request.id
+
+    @property
+    def priority(self) -> str:
+        return self.request.priority
+
+    @property
+    def key(self) -> str:
+        """The API key's name the row counts against for fair share ("" without keys)."""
+        return self.request.client or ""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The request's own prompt, without generated tokens folded in by a preemption."""
+        return len(self.prompt) - self.folded
+
+    @property
+    def tokens_left(self) -> int:
+        """Tokens the row may still generate."""
+        return max(0, self.max_tokens - self.generated)
+
+    def fold(self) -> None:
+        """Make the tokens generated so far part of the prompt: the row resumes after them."""
+        self.prompt = self.prompt + self.generated_ids[self.folded :]
+        self.folded = self.generated
+        self.preemptions += 1
+        self.resumed = True
+        self.queued_mono = time.monotonic()
+        self.phase = "pending"
+        self.checkpoints = []
+        self.prefetched = None
+        self.uid = None
 
     def projected(self) -> RowExtent:
         """What admission projects for the row now: its extent, prefilling until its first token."""
@@ -94,7 +136,7 @@ class Row:
         )
 
     def admitted(self, cached_tokens: int) -> None:
-        self.admitted_mono = time.monotonic()
+        self.admitted_mono = self.started_mono = time.monotonic()
         self.cached_tokens = cached_tokens
         self.prefill_total = len(self.prompt) - cached_tokens
         self.phase = "queued" if self.lane == "batch" else "prefill"
@@ -154,7 +196,7 @@ class Row:
         self.channel.push(failed)
 
     def usage(self) -> Usage:
-        return Usage(len(self.prompt), self.generated, self.cached_tokens)
+        return Usage(self.prompt_tokens, self.generated, self.cached_tokens)
 
     def timings(self, now: float | None = None) -> Timings:
         now = time.monotonic() if now is None else now

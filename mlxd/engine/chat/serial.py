@@ -106,7 +106,7 @@ class SerialRun:
         self._tail = generate_step(
             mx.array(last),
             loaded.model,
-            max_tokens=row.max_tokens,
+            max_tokens=row.tokens_left,
             sampler=guard_sampler(row, sampler) if sampler else None,
             logits_processors=guarded or None,
             prompt_cache=self.cache,

@@ -27,7 +27,7 @@ def _running_row(row: Row, now: float, kv_bytes: int, projected: int) -> Running
         api=row.request.api,
         lane=row.lane,
         phase=row.phase,
-        prompt_tokens=len(row.prompt),
+        prompt_tokens=row.prompt_tokens,
         cached_tokens=row.cached_tokens,
         prefill_done=row.prefill_done,
         prefill_total=row.prefill_total,
@@ -39,6 +39,9 @@ def _running_row(row: Row, now: float, kv_bytes: int, projected: int) -> Running
         projected_kv_bytes=projected,
         constraint=row.request.constraint.kind if row.request.constraint else None,
         output={"normal": "answer"}.get(row.output.phase, row.output.phase),
+        priority=row.priority,
+        key=row.request.client,
+        preemptions=row.preemptions,
     )
 
 
@@ -76,9 +79,12 @@ def build_snapshot(
                 row.request.api,
                 "batch",
                 row.received_wall,
-                len(row.prompt),
+                row.prompt_tokens,
                 alone,
                 "stalled" if row.stalled else blocked,
+                row.priority,
+                row.request.client,
+                row.preemptions > 0,
             )
         )
     for row in core.serial_queue:
@@ -89,9 +95,12 @@ def build_snapshot(
                 row.request.api,
                 "serial",
                 row.received_wall,
-                len(row.prompt),
+                row.prompt_tokens,
                 alone,
                 "serial_lane",
+                row.priority,
+                row.request.client,
+                row.preemptions > 0,
             )
         )
 
@@ -153,4 +162,5 @@ def build_snapshot(
         cluster=cluster,
         stall=next((r.stalled for r in core.pending if r.stalled), None),
         lookups=tuple(core.lookups),
+        preemptions=tuple(reversed(core.preemptions)),
     )

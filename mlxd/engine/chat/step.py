@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from mlxd.engine.chat import batch_step, serial_step
+from mlxd.engine.chat import batch_step, preempt, serial_step
 from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.policy.drain import LaneState, plan
 
@@ -33,6 +33,8 @@ def tick(core: EngineCore) -> bool:
 
 
 def _plan_and_start(core: EngineCore) -> None:
+    preempt.order_queues(core)
+    preempt.serial(core)
     running = len(core.batch) if core.batch is not None else 0
     p = plan(
         LaneState(
@@ -42,6 +44,7 @@ def _plan_and_start(core: EngineCore) -> None:
             serial_running=core.serial is not None,
             exclusive_waiting=bool(core.exclusive),
             last_turn=core.last_turn,
+            batch_outranks=preempt.batch_outranks(core),
         )
     )
     now, wall = time.monotonic(), time.time()
@@ -61,5 +64,7 @@ def _plan_and_start(core: EngineCore) -> None:
     if p.admit_batch:
         core.drains.end(wall=wall, mono=now)
         batch_step.admit(core)
+        if preempt.batch(core):
+            batch_step.admit(core)
     else:
         core.waiting_for = p.batch_blocked_by

@@ -117,6 +117,18 @@ class Lease(Generic[E]):
         """The model's ModelInfo (chat) or EmbeddingInfo (embedding)."""
         return self._engine.info
 
+    def on_release(self, callback: Callable[[], None]) -> None:
+        """Also call ``callback`` when the lease is released (a key's quota ticket)."""
+        before = self._on_release
+
+        def both(slot: Slot) -> None:
+            try:
+                callback()
+            finally:
+                before(slot)
+
+        self._on_release = both
+
     def release(self) -> None:
         if not self._released:
             self._released = True

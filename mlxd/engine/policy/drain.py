@@ -14,6 +14,11 @@ The rules (docs/batching.md, "Drain"):
    starve the batch (the lanes alternate when both are busy).
 3. An exclusive call (a model swap) waits for both lanes to be idle, and
    nothing new starts meanwhile.
+4. Priority (docs/batching.md, "Priority and fair share"): a batch request
+   more urgent than the serial waiter (``batch_outranks``) is admitted
+   instead of draining for the waiter, and goes first when both lanes are
+   idle; the waiter's own turn comes once nothing more urgent waits, or once
+   aging has lifted it to the batch head's class, so it never starves.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class LaneState:
     serial_running: bool
     exclusive_waiting: bool
     last_turn: Turn
+    # The head of the batch queue is more urgent than the head of the serial queue.
+    batch_outranks: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ def plan(state: LaneState) -> Plan:
     if state.serial_running:
         return Plan(False, False, False, "serial_lane", False)
     if state.serial_waiting:
+        if state.batch_outranks and state.batch_pending > 0:
+            return Plan(True, False, False, None, False)
         if state.batch_running > 0:
             return Plan(False, False, False, "drain", True)
         if state.last_turn == "serial" and state.batch_pending > 0:
