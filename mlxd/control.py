@@ -122,6 +122,10 @@ def reload_lines(status: int, body: dict[str, Any]) -> tuple[list[str], int]:
         lines.append(f"restart required for: {', '.join(result['restart_required'])}")
     if result.get("error"):
         lines.append(f"error: {result['error']}")
+    if result.get("evicted"):
+        lines.append(f"unloaded to fit [memory] budget: {', '.join(result['evicted'])}")
+    for warning in result.get("warnings", []):
+        lines.append(f"warning: {warning}")
     if outcome == "unchanged":
         lines.append("  the file matches the running config")
     return lines, 0 if outcome in ("applied", "unchanged", "restart_required") else 1

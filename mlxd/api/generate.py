@@ -143,6 +143,10 @@ def refusal(gen: GenerationRequest, failed: Failed) -> OpenAIError:
     return err
 
 
+def _short_of_room(accepted: Accepted | Failed) -> bool:
+    return isinstance(accepted, Failed) and accepted.code == "context_over_budget"
+
+
 class Output(Protocol):
     """How one API renders a request's events: a whole response or SSE bytes.
 
@@ -230,6 +234,13 @@ async def generate(
     watcher = asyncio.create_task(_watch_disconnect(request, handle))
     try:
         accepted = await handle.accepted()
+        # Short of KV room because other models' reservations fill [memory] budget:
+        # the fleet unloads an idle one and the request is tried again (docs/batching.md).
+        while _short_of_room(accepted) and await state.fleet.make_kv_room(lease.id):
+            watcher.cancel()
+            handle = lease.engine.submit(gen)
+            watcher = asyncio.create_task(_watch_disconnect(request, handle))
+            accepted = await handle.accepted()
         if isinstance(accepted, Failed):
             raise refusal(gen, accepted)
         note = note_of(request.scope)

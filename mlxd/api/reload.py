@@ -58,6 +58,10 @@ class ReloadResult:
     error: str | None = None
     version: int = 0
     dry_run: bool = False
+    # Idle unpinned models unloaded to fit a lowered [memory] budget.
+    evicted: list[str] = field(default_factory=list)
+    # What took effect but leaves the daemon unable to serve (an over-committed budget).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -209,6 +213,14 @@ async def reload_from_file(
             kept = "; ".join(done.kept.values())
             result.error = f"{result.error}; {kept}" if result.error else kept
             logger.warning("reload (%s): %s", trigger, kept)
+        if done.evicted:
+            result.evicted = list(done.evicted)
+            logger.info(
+                "reload (%s): unloaded %s to fit [memory] budget", trigger, ", ".join(done.evicted)
+            )
+        if done.over_budget:
+            result.warnings.append(done.over_budget)
+            logger.warning("reload (%s): %s", trigger, done.over_budget)
         result.applied = [
             c.key
             for c in result.changes
@@ -268,7 +280,10 @@ async def _record(state: AppState, result: ReloadResult) -> None:
         outcome=result.outcome,
         changed=tuple(c.key for c in result.changes),
         restart_required=tuple(result.restart_required),
-        error=result.error or ("; ".join(map(str, result.issues)) or None),
+        error=result.error
+        or "; ".join(map(str, result.issues))
+        or "; ".join(result.warnings)
+        or None,
         version=version,
         values=tuple((c.key, _text(c.old), _text(c.new)) for c in result.changes),
     )

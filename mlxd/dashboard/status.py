@@ -43,6 +43,8 @@ def status_bar(s: dict[str, Any], now: float) -> Formatted:
         "state": s["state"],
         "stalled": s["stalled"],
         "stalled_reason": s.get("stalled_reason"),
+        # The loaded models fill [memory] budget: no request can be served (issue 22).
+        "over_budget": (s.get("fleet") or {}).get("over_budget"),
         "uptime": duration(s["uptime_s"]),
         "config_version": config["version"],
         "config_applied": clock(config["applied_at"]),
