@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from mlxd.config.entry import ModelEntry
 from mlxd.config.issues import ConfigError, ConfigIssue, parse_toml
-from mlxd.config.loading import dump_toml, load_settings
+from mlxd.config.loading import dump_toml, effective_toml, load_settings
 from mlxd.config.sections import (
     BatchSettings,
     ClusterSettings,
@@ -65,6 +65,7 @@ __all__ = [
     "Settings",
     "default_state_dir",
     "dump_toml",
+    "effective_toml",
     "format_bytes",
     "load_settings",
     "parse_bytes",
