@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.address import read_record, url_for
-from mlxd.config import ConfigError, load_settings, parse_toml
+from mlxd.config import ConfigError, load_settings, parse_toml, shown_value
 
 TIMEOUT_S = 130.0  # a reload that swaps the model may take a while
 
@@ -132,7 +132,7 @@ def reload_lines(status: int, body: dict[str, Any]) -> tuple[list[str], int]:
     outcome = result["outcome"]
     lines = [f"reload: {outcome} (config v{result.get('version', '?')})"]
     for change in result.get("changes", []):
-        old, new = (_shown(change[k]) for k in ("old", "new"))
+        old, new = (shown_value(change["key"], change[k]) for k in ("old", "new"))
         lines.append(f"  {change['key']}: {old} -> {new} ({change['reload']})")
     for issue in result.get("issues", []):
         lines.append(f"  {issue['message']}")
@@ -147,12 +147,6 @@ def reload_lines(status: int, body: dict[str, Any]) -> tuple[list[str], int]:
     if outcome == "unchanged":
         lines.append("  the file matches the running config")
     return lines, 0 if outcome in ("applied", "unchanged", "restart_required") else 1
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "unset"
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 # ---------------------------------------------------------------- status

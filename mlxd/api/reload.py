@@ -11,7 +11,6 @@ Every attempt is recorded in the daemon's reload log (``AppState.reload_log``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ from mlxd.config import (
     Settings,
     load_settings,
     reload_class,
+    shown_value,
 )
 from mlxd.modelcheck import registry_problems
 
@@ -232,11 +232,17 @@ async def reload_from_file(
         await _record(state, result)
         if result.changes:
             restart = ", ".join(result.restart_required)
+            applied = set(result.applied)
+            changes = ", ".join(
+                f"{c.key} {shown_value(c.key, c.old)} → {shown_value(c.key, c.new)}"
+                for c in result.changes
+                if c.key in applied
+            )
             logger.info(
                 "reload (%s): %s; %s%s",
                 trigger,
                 result.outcome,
-                f"applied {', '.join(result.applied)}" if result.applied else "nothing applied",
+                f"applied {changes}" if changes else "nothing applied",
                 f"; restart required for {restart}" if restart else "",
             )
         return result
@@ -256,13 +262,6 @@ def _revert(settings: Settings, old: Settings, failed: set[str]) -> Settings:
         return settings.model_copy(update={"model": old.model})
     models = {i: (old.models.get(i, e) if i in failed else e) for i, e in settings.models.items()}
     return settings.model_copy(update={"models": models})
-
-
-def _text(value: Any) -> str:
-    """A changed value as the event log shows it (secrets are already masked)."""
-    if value is None:
-        return "unset"
-    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def _apply_process_settings(settings: Settings) -> None:
@@ -285,7 +284,9 @@ async def _record(state: AppState, result: ReloadResult) -> None:
         or "; ".join(result.warnings)
         or None,
         version=version,
-        values=tuple((c.key, _text(c.old), _text(c.new)) for c in result.changes),
+        values=tuple(
+            (c.key, shown_value(c.key, c.old), shown_value(c.key, c.new)) for c in result.changes
+        ),
     )
     state.reload_log = log.record(event, applied=bool(result.applied))
     result.version = version

@@ -38,7 +38,7 @@ from mlxd.config.sections import (
     default_state_dir,
 )
 from mlxd.config.settings import SECTIONS, Settings, reload_class
-from mlxd.config.units import Bytes, KeepAlive, KvBudget, format_bytes, parse_bytes
+from mlxd.config.units import Bytes, KeepAlive, KvBudget, format_bytes, parse_bytes, shown_value
 
 __all__ = [
     "SECTIONS",
@@ -71,4 +71,5 @@ __all__ = [
     "parse_bytes",
     "parse_toml",
     "reload_class",
+    "shown_value",
 ]

@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mlxd.config import format_bytes
+from mlxd.control import reload_lines
 from tests.support import ROOT
 from tests.support.daemon import Daemon, toml_config
 
@@ -93,6 +95,15 @@ def test_a_lowered_budget_unloads_idle_models_and_chat_keeps_working(tmp_path, p
             reply = chat(d, model)
             assert reply.status_code == 200, reply.text
         assert answer["evicted"] == ["a"] and answer["warnings"] == []
+        # Human units where a person reads (the JSON keeps the bytes): the server's
+        # log line with old -> new values, the events' values, the CLI's lines.
+        budget = f"memory.budget 256 MiB → {format_bytes(max(need.values()) + 2 * MiB)}"
+        assert f"reload (POST /admin/reload): applied; applied {budget}" in d.log()
+        (values,) = d.stats()["reloads"][0]["values"]
+        assert values[1:] == ["256 MiB", format_bytes(max(need.values()) + 2 * MiB)]
+        lines, _ = reload_lines(200, answer)
+        assert f"  memory.budget: 256 MiB -> {values[2]} (live)" in lines
+        assert "unloaded to fit [memory] budget: a" in lines
         events = [(e["model"], e["kind"], e["detail"]) for e in d.stats()["fleet"]["events"]]
         evicted = [e for e in events if e[1] == "evicted"]
         assert evicted[0][0] == "a" and "[memory] budget after a reload" in evicted[0][2]
