@@ -22,7 +22,7 @@ from litestar.response import Stream
 
 from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.requestlog import note_of
+from mlxd.api.http.requestlog import Note, note_of
 from mlxd.api.lookup import PROMPT_CACHE_HEADER, PROMPT_RULES_HEADER, header_value
 from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.state import AppState
@@ -181,23 +181,31 @@ async def _sse(
     output: Output,
     done: Callable[[Finished | Failed], None],
     lease: Lease,
+    note: Note,
 ) -> AsyncIterator[bytes]:
+    generated = 0
+    ended = False
     try:
         for chunk in output.stream_start():
             yield chunk
         async for event in handle.events():
             if isinstance(event, Delta):
+                generated += len(event.token_ids)
                 for chunk in output.stream_delta(event):
                     yield chunk
             elif isinstance(event, Finished):
+                ended = True
                 done(event)
                 for chunk in output.stream_end(event):
                     yield chunk
             elif isinstance(event, Failed):
+                ended = True
                 done(event)
                 for chunk in output.stream_error(event):
                     yield chunk
     finally:
+        if not ended:  # the client left mid-stream: logged as cancelled, with what it got
+            note.cancelled(generated)
         handle.cancel()  # a no-op once finished; stops generation if the client left
         lease.release()
 
@@ -269,7 +277,7 @@ async def generate(
         if stream:
             watcher.cancel()  # the streaming response listens for disconnects itself
             headers["Cache-Control"] = "no-cache"
-            body = _sse(handle, output, done, lease)
+            body = _sse(handle, output, done, lease, note)
             # A stream the client left before its first byte is never iterated,
             # so its finally never runs: release the lease when it is collected.
             weakref.finalize(body, lease.release)

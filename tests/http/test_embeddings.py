@@ -72,7 +72,7 @@ def assert_error(response: httpx.Response, status: int, code: str | None, param=
     return err
 
 
-def test_float_vectors_with_usage(client, tokenizer):
+def test_float_vectors_with_usage(client, tokenizer, daemon):
     response = client.embeddings.create(model="emb", input=TEXTS, encoding_format="float")
     assert response.object == "list" and response.model == "emb"
     assert [d.index for d in response.data] == [0, 1, 2]
@@ -80,6 +80,12 @@ def test_float_vectors_with_usage(client, tokenizer):
     np.testing.assert_allclose(np.linalg.norm(vectors(response), axis=1), 1.0, atol=1e-5)
     tokens = sum(len(tokenizer(t)["input_ids"]) for t in TEXTS)
     assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
+    # The request log line counts inputs and tokens apart (issue 22).
+    line = f"POST /v1/embeddings 200 model=emb inputs={len(TEXTS)} prompt={tokens} duration="
+    deadline = time.monotonic() + 10
+    while line not in daemon.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert line in daemon.log()
 
 
 def test_base64_decodes_to_the_float_vectors(client, http):

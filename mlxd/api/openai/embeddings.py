@@ -122,6 +122,7 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
     note = note_of(request.scope)
     note.model = req.model
     inputs = shape_inputs(req.input)
+    note.inputs = len(inputs)
     encoding_format = _check_format(req.encoding_format)
     try:
         async with held(state, req.model, "embedding") as lease:
