@@ -131,6 +131,11 @@ def test_aliases_route_unknown_names_get_404_and_no_request_opens_a_path(daemon,
     missing = httpx.get(f"{daemon.url}/v1/models/{paths['c']}")
     assert missing.status_code == 404
     assert httpx.get(f"{daemon.url}/v1/models/c").json()["id"] == "c"
+    # An alias that routes is a model here too (issue 22), under its id.
+    for alias in ("bee", "gpt-4o-mini"):
+        found = httpx.get(f"{daemon.url}/v1/models/{alias}")
+        assert found.status_code == 200 and found.json()["id"] == "b", found.text
+    assert httpx.get(f"{daemon.url}/v1/models/nope").status_code == 404
 
 
 def test_loading_evicts_the_least_recently_used_and_memory_stays_in_the_budget(daemon, budget):

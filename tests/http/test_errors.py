@@ -139,9 +139,15 @@ def test_invalid_parameters_get_400_with_the_param(http, model, change, code, pa
     assert_error(r, 400, code=code, param=param)
 
 
-def test_missing_required_field(http):
-    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
-    assert_error(r, 400, code="missing_required_parameter", param="model")
+def test_missing_required_field(http, model):
+    r = http.post("/v1/chat/completions", json={"model": model})
+    assert_error(r, 400, code="missing_required_parameter", param="messages")
+    # Issue 22: no model is the default model, as configuration.md says.
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.json()["model"] == model, r.text
+    r = http.post("/v1/messages", json=body)
+    assert r.status_code == 200 and r.json()["model"] == model, r.text
 
 
 def test_unknown_model_is_404(http, model):

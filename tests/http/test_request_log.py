@@ -196,3 +196,13 @@ def test_the_serial_lane_says_why(daemon: Daemon) -> None:
     line = _line_after(daemon, before, "POST /v1/chat/completions 200 ")
     reason = lane.split("reason=", 1)[1] if "reason=" in lane else lane.split(";")[-1].strip()
     assert f" lane=serial reason={reason} " in line, (line, lane)
+
+
+def test_without_an_embedding_model_the_error_says_how_to_add_one(daemon: Daemon) -> None:
+    before = len(_posts(daemon))
+    r = httpx.post(f"{daemon.url}/v1/embeddings", json={"input": "x"}, timeout=30)
+    assert r.status_code == 404, r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith("This server has no embedding model. Add one: a [models.<id>]")
+    assert 'kind = "embedding"' in message and "configuration.md#embedding-models" in message
+    assert " error=model_not_found " in _line_after(daemon, before, "POST /v1/embeddings 404 ")

@@ -28,7 +28,8 @@ from mlxd.engine import EmbeddingError, EmbeddingResult, Failed, check_embedding
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    model: str
+    # Absent or "": the default model of the route's kind ([models.<id>] default).
+    model: str = ""
     # A string, a list of strings, a list of token ids or a list of such lists.
     input: str | list[Any]
     encoding_format: str = "float"

@@ -34,6 +34,7 @@ from mlxd.api.openai.schema import (
     completion_request,
 )
 from mlxd.api.state import AppState, Mlxd
+from mlxd.config.registry import resolve
 from mlxd.engine import (
     TOOL_GRAMMAR_FORMATS,
     Accepted,
@@ -86,7 +87,12 @@ class OpenAIController(Controller):
 
     @get("/models/{model_id:path}")
     async def get_model(self, mlxd: Mlxd, model_id: FromPath[str]) -> dict[str, Any]:
-        model = mlxd.fleet.status().get(model_id.lstrip("/"))
+        """One model by id, or by an alias that routes to it (its entry, under its id)."""
+        name = model_id.lstrip("/")
+        status = mlxd.fleet.status()
+        model = status.get(name) or (
+            status.get(resolve(mlxd.settings, name) or "") if name else None
+        )
         if model is None:
             ids = ", ".join(m.id for m in mlxd.fleet.status().models)
             raise OpenAIError(
