@@ -139,4 +139,20 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
         note.error = result.code
         raise OpenAIError.from_failed(result)
     note.prompt_tokens = result.prompt_tokens
+    if any(not isinstance(i, str) for i in inputs):
+        headers = {**headers, TOKEN_IDS_HEADER: token_ids_warning(engine.info)}
     return Response(response_body(result, lease.id, encoding_format), headers=headers)
+
+
+# Token-id input cannot be told apart from another tokenizer's ids: said on every answer.
+TOKEN_IDS_HEADER = "X-Mlxd-Token-Ids"
+
+
+def token_ids_warning(info: Any) -> str:
+    """What token-id input was read as (docs/api.md, "Token-id input")."""
+    vocab = getattr(info, "vocab_size", None)
+    return (
+        f"read as this model's own token ids (vocabulary {vocab}); ids of another "
+        "tokenizer (tiktoken cl100k, as LangChain's OpenAIEmbeddings sends) embed other "
+        "text: send strings (check_embedding_ctx_length=False)"
+    )
