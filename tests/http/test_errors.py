@@ -3,6 +3,8 @@ shape, and a server that still answers the next request."""
 
 from __future__ import annotations
 
+import re
+
 import asyncio
 
 import httpx
@@ -159,7 +161,10 @@ def test_unknown_model_is_404(http, model):
 
 def test_body_over_the_limit_is_413(http, model):
     big = chat(model, messages=[{"role": "user", "content": "x" * 4000}])
-    assert_error(http.post("/v1/chat/completions", json=big), 413, code="request_too_large")
+    err = assert_error(http.post("/v1/chat/completions", json=big), 413, code="request_too_large")
+    # Sizes a person reads (issue 22), and the key as the config writes it.
+    assert re.search(r"is \d+\.\d KiB; this server accepts at most \d", err["message"]), err
+    assert "[limits] max_body_bytes" in err["message"] and " bytes" not in err["message"]
     assert_still_serving(http, model)
 
 
