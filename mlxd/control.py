@@ -198,8 +198,10 @@ def status_lines(url: str, s: dict[str, Any]) -> tuple[list[str], int]:
             if m.get("wait_reason") or m.get("error"):
                 line += f" ({m.get('wait_reason') or m.get('error')})"
             lines.append(line)
+    if fleet.get("over_budget"):
+        lines.append(f"  cannot serve: {fleet['over_budget']}")
     # The default model may be unloaded (loaded on demand); pinned ones must be loaded.
     pinned_ok = all(m["state"] == "loaded" for m in models if m["pinned"])
     default_ok = model["status"] in ("ready", "unloaded")
     healthy = s["state"] in ("ready", "unloaded") and not s.get("stalled") and default_ok
-    return lines, 0 if healthy and pinned_ok else 1
+    return lines, 0 if healthy and pinned_ok and not fleet.get("over_budget") else 1

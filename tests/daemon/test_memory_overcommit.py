@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from mlxd.config import format_bytes
-from mlxd.control import reload_lines
+from mlxd.control import reload_lines, status_lines
 from tests.support import ROOT
 from tests.support.daemon import Daemon, toml_config
 
@@ -146,6 +146,8 @@ def test_pinned_models_over_a_lowered_budget_warn_and_make_the_daemon_unready(tm
         assert "[memory] budget" in warning and "over-committed" in warning
         assert re.search(r"\ba [\d.]+ MiB \(pinned\)", warning), warning
         assert "over-committed" in d.stats()["fleet"]["over_budget"]
+        lines, code = status_lines(d.url, d.stats())  # what `mlxd status` prints
+        assert code == 1 and any(line.startswith("  cannot serve: [memory]") for line in lines)
 
         refused = chat(d, "a")
         assert refused.status_code == 400
