@@ -3,9 +3,8 @@ shape, and a server that still answers the next request."""
 
 from __future__ import annotations
 
-import re
-
 import asyncio
+import re
 
 import httpx
 import pytest
