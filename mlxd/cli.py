@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd import __version__
-from mlxd.config import ConfigError, ConfigIssue, Settings, dump_toml, load_settings
+from mlxd.config import ConfigError, ConfigIssue, Settings, effective_toml, load_settings
 from mlxd.config.registry import describe
 from mlxd.logs import EscapingFormatter
 from mlxd.modelcheck import registry_problems
@@ -83,9 +83,16 @@ def _parser() -> argparse.ArgumentParser:
         )
 
     check = sub.add_parser(
-        "check-config", help="validate a config file and print the effective config"
+        "check-config",
+        help="validate a config file and print the effective config",
+        description="Validate a config file and print the effective config: "
+        "`mlxd check-config mlxd.toml` or, as the other commands take it, "
+        "`mlxd check-config --config mlxd.toml` (default: $MLXD_CONFIG).",
     )
-    check.add_argument("path", type=Path, help="the TOML config file to check")
+    check.add_argument("path", type=Path, nargs="?", help="the TOML config file to check")
+    check.add_argument(
+        "--config", type=Path, default=None, help="the TOML config file to check (as a flag)"
+    )
 
     demo = sub.add_parser(
         "demo-model", help="prepare the built-in demo model and print its directory"
@@ -134,20 +141,31 @@ def _config_path(args: argparse.Namespace) -> Path | None:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    if args.path is not None and args.config is not None and args.path != args.config:
+        print(
+            f"two config files given ({args.path}, --config {args.config}): give one",
+            file=sys.stderr,
+        )
+        return 2
+    path = args.path or _config_path(args)
+    if path is None:
+        print(
+            "no config file: mlxd check-config --config mlxd.toml (or $MLXD_CONFIG)",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        settings = load_settings(args.path)
+        settings = load_settings(path)
         problems = registry_problems(settings)
         if problems:
-            raise ConfigError(str(args.path), [ConfigIssue(k, r) for k, r in problems])
+            raise ConfigError(str(path), [ConfigIssue(k, r) for k, r in problems])
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    sys.stdout.write(
-        f"# {args.path}: valid. Effective config (defaults filled in, secrets masked):\n"
-    )
+    sys.stdout.write(f"# {path}: valid. Effective config (defaults filled in, secrets masked):\n")
     sys.stdout.write("# Models (the registry):\n")
     sys.stdout.write("".join(f"#{line}\n" for line in describe(settings)))
-    sys.stdout.write(dump_toml(settings))
+    sys.stdout.write(effective_toml(settings))
     return 0
 
 
@@ -203,7 +221,8 @@ def _serve(args: argparse.Namespace) -> int:
         settings = load_settings(path, overrides=overrides)
     except ConfigError as exc:
         setup_logging("error")
-        logger.error("%s", exc)
+        for line in str(exc).splitlines():  # one log line each: a log line never holds a newline
+            logger.error("%s", line.strip())
         return 2
     setup_logging(settings.server.log_level)
     if not _prepare_runtime(settings):
@@ -220,15 +239,21 @@ def _control(args: argparse.Namespace) -> int:
 
     from mlxd import control
 
-    target = control.find_target(_config_path(args), host=args.host, port=args.port)
-    if target.note:
-        print(f"note: {target.note}; using {target.url}", file=sys.stderr)
+    path = _config_path(args)
+    target = control.find_target(path, host=args.host, port=args.port)
+    if target.recorded:
+        print(f"note: {target.recorded}", file=sys.stderr)
     method, route = ("POST", "/admin/reload") if args.command == "reload" else ("GET", "/stats")
     try:
         status, body = control.call(target, method, route)
     except control.Unreachable as exc:
-        print(f"{exc}: is it running, with this config?", file=sys.stderr)
+        if target.note:
+            print(f"note: {target.note}; using {target.url}", file=sys.stderr)
+        print(f"{exc}: {control.unreachable_hint(path, args.command)}", file=sys.stderr)
         return 1
+    rejected = args.command == "reload" and bool((body.get("reload") or body).get("issues"))
+    if target.note and not rejected:  # a rejected reload lists the same issues itself
+        print(f"note: {target.note}; using {target.url}", file=sys.stderr)
     if args.json:
         print(json.dumps(body, indent=1))
     if args.command == "reload":

@@ -1,7 +1,8 @@
 """``mlxd reload`` and ``mlxd status``: talk to the daemon a config file names.
 
-The daemon is found by the config's ``[server] host`` and ``port`` (flags and
-``MLXD_*`` variables win, as for ``mlxd serve``), and asked through its admin
+The daemon is found where it recorded its address at start (its state
+directory, :mod:`mlxd.address`), else by the config's ``[server] host`` and
+``port`` (flags and ``MLXD_*`` variables win, as for ``mlxd serve``), and asked through its admin
 API with the config's admin token when one is set. Nothing is signalled, so
 only that daemon is touched, never every mlxd on the machine.
 
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxd.config import ConfigError, load_settings, parse_toml
+from mlxd.address import read_record, url_for
+from mlxd.config import ConfigError, load_settings, parse_toml, shown_value
 
 TIMEOUT_S = 130.0  # a reload that swaps the model may take a while
 
@@ -30,23 +32,19 @@ class Target:
     url: str
     token: str | None
     note: str = ""  # why the config could not be used as a whole, if it could not
-
-
-def _client_host(host: str) -> str:
-    # A daemon bound to every address is reached on loopback.
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "::1"
-    return host
+    # Set when the daemon recorded another address than the config's (started with --port).
+    recorded: str = ""
 
 
 def find_target(path: Path | None, *, host: str | None = None, port: int | None = None) -> Target:
     """The daemon's URL and admin token, from the config at ``path`` and the flags.
 
-    An invalid config (someone is editing it) still names its ``[server]``
-    host, port and token as long as it is valid TOML; the daemon then says
-    what is wrong with the rest.
+    Without ``--host``/``--port``, the address the daemon of this config
+    recorded at its start (:mod:`mlxd.address`) wins over the file's: it
+    may run on a ``--port`` the file does not say. An invalid config
+    (someone is editing it) still names its ``[server]`` host, port and
+    token as long as it is valid TOML; the daemon then says what is wrong
+    with the rest.
     """
     overrides = {"server": {k: v for k, v in (("host", host), ("port", port)) if v is not None}}
     note = ""
@@ -54,6 +52,7 @@ def find_target(path: Path | None, *, host: str | None = None, port: int | None 
         server = load_settings(path, overrides=overrides).server
         h, p = server.host, server.port
         token = server.admin_token.get_secret_value() if server.admin_token else None
+        state_dir = server.state_path
     except ConfigError as exc:
         note = f"the config is invalid ({'; '.join(map(str, exc.issues))})"
         raw: dict[str, Any] = {}
@@ -68,9 +67,18 @@ def find_target(path: Path | None, *, host: str | None = None, port: int | None 
         h = host or str(raw.get("host") or defaults.host)
         p = port or int(raw.get("port") or defaults.port)
         token = raw.get("admin_token") if isinstance(raw.get("admin_token"), str) else None
-    h = _client_host(h)
-    shown = f"[{h}]" if ":" in h else h
-    return Target(f"http://{shown}:{p}", token or None, note)
+        own = raw.get("state_dir")
+        state_dir = Path(own).expanduser() if isinstance(own, str) and own else defaults.state_path
+    url = url_for(h, p)
+    if host is None and port is None:
+        found = read_record(state_dir, path)
+        if found is not None and found.url != url:
+            recorded = (
+                f"the daemon of this config listens at {found.url} (pid {found.pid}, recorded "
+                f"in {found.path}), not at the config's {url}"
+            )
+            return Target(found.url, token or None, note, recorded)
+    return Target(url, token or None, note)
 
 
 class Unreachable(Exception):
@@ -98,6 +106,16 @@ def call(target: Target, method: str, route: str) -> tuple[int, dict[str, Any]]:
         raise Unreachable(f"no mlxd answers at {target.url} ({reason})") from None
 
 
+def unreachable_hint(path: Path | None, command: str) -> str:
+    """What to try when no daemon answers: the pairing of ``serve`` and ``status``."""
+    config = f" --config {path}" if path is not None else ""
+    return (
+        "is it running, with this config? A daemon started with --port is found through "
+        "the address it records in [server] state_dir; with another state directory, pass "
+        f"the same flag: `mlxd {command}{config} --port <its port>`"
+    )
+
+
 def message(body: dict[str, Any]) -> str:
     error = body.get("error")
     return error.get("message", str(error)) if isinstance(error, dict) else str(error or body)
@@ -114,7 +132,7 @@ def reload_lines(status: int, body: dict[str, Any]) -> tuple[list[str], int]:
     outcome = result["outcome"]
     lines = [f"reload: {outcome} (config v{result.get('version', '?')})"]
     for change in result.get("changes", []):
-        old, new = (_shown(change[k]) for k in ("old", "new"))
+        old, new = (shown_value(change["key"], change[k]) for k in ("old", "new"))
         lines.append(f"  {change['key']}: {old} -> {new} ({change['reload']})")
     for issue in result.get("issues", []):
         lines.append(f"  {issue['message']}")
@@ -122,15 +140,13 @@ def reload_lines(status: int, body: dict[str, Any]) -> tuple[list[str], int]:
         lines.append(f"restart required for: {', '.join(result['restart_required'])}")
     if result.get("error"):
         lines.append(f"error: {result['error']}")
+    if result.get("evicted"):
+        lines.append(f"unloaded to fit [memory] budget: {', '.join(result['evicted'])}")
+    for warning in result.get("warnings", []):
+        lines.append(f"warning: {warning}")
     if outcome == "unchanged":
         lines.append("  the file matches the running config")
     return lines, 0 if outcome in ("applied", "unchanged", "restart_required") else 1
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "unset"
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 # ---------------------------------------------------------------- status
@@ -200,9 +216,11 @@ def status_lines(url: str, s: dict[str, Any]) -> tuple[list[str], int]:
             if m.get("wait_reason") or m.get("error"):
                 line += f" ({m.get('wait_reason') or m.get('error')})"
             lines.append(line)
+    if fleet.get("over_budget"):
+        lines.append(f"  cannot serve: {fleet['over_budget']}")
     lines += key_lines(s.get("keys") or [])
     # The default model may be unloaded (loaded on demand); pinned ones must be loaded.
     pinned_ok = all(m["state"] == "loaded" for m in models if m["pinned"])
     default_ok = model["status"] in ("ready", "unloaded")
     healthy = s["state"] in ("ready", "unloaded") and not s.get("stalled") and default_ok
-    return lines, 0 if healthy and pinned_ok else 1
+    return lines, 0 if healthy and pinned_ok and not fleet.get("over_budget") else 1

@@ -15,10 +15,26 @@ class ListenError(Exception):
     """The port cannot be bound; ``str()`` says why and how to choose another."""
 
 
-def _how_to_choose(port: int) -> str:
-    other = port + 1 if port < 65535 else 8081
+def free_port_near(host: str, port: int, tries: int = 50) -> int | None:
+    """The first port after ``port`` that ``host`` can bind now (checked, then released)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for other in range(port + 1, min(port + 1 + tries, 65536)):
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, other))
+            except OSError:
+                continue
+            return other
+    return None
+
+
+def _how_to_choose(host: str, port: int) -> str:
+    other = free_port_near(host, port)
+    if other is None:
+        return "choose a free port: mlxd serve --port <port>, or [server] port in the config"
     return (
-        f"choose another port: mlxd serve --port {other}, make serve PORT={other}, "
+        f"port {other} is free: mlxd serve --port {other}, make serve PORT={other}, "
         f"or [server] port = {other} in the config"
     )
 
@@ -50,6 +66,7 @@ def bind(host: str, port: int) -> socket.socket:
             why = f"{host} is not an address of this machine ([server] host)"
         else:
             why = f"{exc.strerror or exc}"
-        raise ListenError(f"cannot listen on {shown}: {why}; {_how_to_choose(port)}") from None
+        hint = _how_to_choose(host, port)
+        raise ListenError(f"cannot listen on {shown}: {why}; {hint}") from None
     sock.set_inheritable(False)
     return sock

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from mlxd.address import remove_record, url_for, write_record
 from mlxd.api.app import ERROR_ENVELOPES, make_app
 from mlxd.api.http.access import exposure_warning
 from mlxd.api.http.guard import RequestGuard
@@ -190,8 +191,12 @@ def serve_alone(settings: Settings, *, config_path: Path | None, overrides: dict
     sock = _listen(settings)
     if sock is None:
         return EXIT_REFUSED
-    runtime = _prepare(config_path)
-    return _run_http(settings, sock, runtime, config_path=config_path, overrides=overrides)
+    record = _record_address(settings, sock, config_path)
+    try:
+        runtime = _prepare(config_path)
+        return _run_http(settings, sock, runtime, config_path=config_path, overrides=overrides)
+    finally:
+        remove_record(record)
 
 
 def serve_rank0(
@@ -204,12 +209,16 @@ def serve_rank0(
     sock = _listen(settings)
     if sock is None:
         return EXIT_REFUSED
-    runtime = _prepare(config_path)
-    leader = Leader(settings.cluster, member)
-    logger.info("cluster rank 0 of %s: serving HTTP for the group", member.world)
-    return _run_http(
-        settings, sock, runtime, config_path=config_path, overrides=overrides, leader=leader
-    )
+    record = _record_address(settings, sock, config_path)
+    try:
+        runtime = _prepare(config_path)
+        leader = Leader(settings.cluster, member)
+        logger.info("cluster rank 0 of %s: serving HTTP for the group", member.world)
+        return _run_http(
+            settings, sock, runtime, config_path=config_path, overrides=overrides, leader=leader
+        )
+    finally:
+        remove_record(record)
 
 
 def serve_follower(settings: Settings, member: Membership) -> int:
@@ -239,6 +248,14 @@ def _listen(settings: Settings) -> socket.socket | None:
     except ListenError as exc:
         logger.error("%s", exc)
         return None
+
+
+def _record_address(
+    settings: Settings, sock: socket.socket, config_path: Path | None
+) -> Path | None:
+    """Where this daemon really listens (flags included), for ``mlxd status``/``reload``."""
+    url = url_for(settings.server.host, sock.getsockname()[1])
+    return write_record(settings.server.state_path, config_path, url)
 
 
 def _prepare(config_path: Path | None) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from mlxd.api.forced_tool import force_tool_call
 from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.keys import who_of
-from mlxd.api.http.requestlog import note_of
+from mlxd.api.http.requestlog import Note, note_of
 from mlxd.api.lease import is_anthropic
 from mlxd.api.lookup import PROMPT_CACHE_HEADER, PROMPT_RULES_HEADER, header_value
 from mlxd.api.priority import effective as effective_priority
@@ -134,6 +134,10 @@ def refusal(gen: GenerationRequest, failed: Failed, info: ModelInfo | None = Non
     return worded(gen, err, info)
 
 
+def _short_of_room(accepted: Accepted | Failed) -> bool:
+    return isinstance(accepted, Failed) and accepted.code == "context_over_budget"
+
+
 class Output(Protocol):
     """How one API renders a request's events: a whole response or SSE bytes.
 
@@ -200,7 +204,10 @@ async def _sse(
     done: Callable[[Finished | Failed], None],
     lease: Lease,
     keepalive: float,
+    note: Note,
 ) -> AsyncIterator[bytes]:
+    generated = 0
+    ended = False
     try:
         for chunk in output.stream_start():
             yield chunk
@@ -209,17 +216,22 @@ async def _sse(
                 for chunk in output.stream_keepalive():
                     yield chunk
             elif isinstance(event, Delta):
+                generated += len(event.token_ids)
                 for chunk in output.stream_delta(event):
                     yield chunk
             elif isinstance(event, Finished):
+                ended = True
                 done(event)
                 for chunk in output.stream_end(event):
                     yield chunk
             elif isinstance(event, Failed):
+                ended = True
                 done(event)
                 for chunk in output.stream_error(event):
                     yield chunk
     finally:
+        if not ended:  # the client left mid-stream: logged as cancelled, with what it got
+            note.cancelled(generated)
         handle.cancel()  # a no-op once finished; stops generation if the client left
         lease.release()
 
@@ -276,6 +288,13 @@ async def generate(
     watcher = asyncio.create_task(_watch_disconnect(request, handle))
     try:
         accepted = await handle.accepted()
+        # Short of KV room because other models' reservations fill [memory] budget:
+        # the fleet unloads an idle one and the request is tried again (docs/batching.md).
+        while _short_of_room(accepted) and await state.fleet.make_kv_room(lease.id):
+            watcher.cancel()
+            handle = lease.engine.submit(gen)
+            watcher = asyncio.create_task(_watch_disconnect(request, handle))
+            accepted = await handle.accepted()
         if isinstance(accepted, Failed):
             raise refusal(gen, accepted, lease.info)
         note = note_of(request.scope)
@@ -311,7 +330,7 @@ async def generate(
         if stream:
             watcher.cancel()  # the streaming response listens for disconnects itself
             headers["Cache-Control"] = "no-cache"
-            body = _sse(handle, output, done, lease, state.settings.server.stream_keepalive)
+            body = _sse(handle, output, done, lease, state.settings.server.stream_keepalive, note)
             # A stream the client left before its first byte is never iterated,
             # so its finally never runs: release the lease when it is collected.
             weakref.finalize(body, lease.release)

@@ -11,7 +11,6 @@ Every attempt is recorded in the daemon's reload log (``AppState.reload_log``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ from mlxd.config import (
     Settings,
     load_settings,
     reload_class,
+    shown_value,
 )
 from mlxd.modelcheck import registry_problems
 
@@ -58,6 +58,10 @@ class ReloadResult:
     error: str | None = None
     version: int = 0
     dry_run: bool = False
+    # Idle unpinned models unloaded to fit a lowered [memory] budget.
+    evicted: list[str] = field(default_factory=list)
+    # What took effect but leaves the daemon unable to serve (an over-committed budget).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -227,6 +231,14 @@ async def reload_from_file(
             kept = "; ".join(done.kept.values())
             result.error = f"{result.error}; {kept}" if result.error else kept
             logger.warning("reload (%s): %s", trigger, kept)
+        if done.evicted:
+            result.evicted = list(done.evicted)
+            logger.info(
+                "reload (%s): unloaded %s to fit [memory] budget", trigger, ", ".join(done.evicted)
+            )
+        if done.over_budget:
+            result.warnings.append(done.over_budget)
+            logger.warning("reload (%s): %s", trigger, done.over_budget)
         result.applied = [
             c.key
             for c in result.changes
@@ -238,11 +250,17 @@ async def reload_from_file(
         await _record(state, result)
         if result.changes:
             restart = ", ".join(result.restart_required)
+            applied = set(result.applied)
+            changes = ", ".join(
+                f"{c.key} {shown_value(c.key, c.old)} → {shown_value(c.key, c.new)}"
+                for c in result.changes
+                if c.key in applied
+            )
             logger.info(
                 "reload (%s): %s; %s%s",
                 trigger,
                 result.outcome,
-                f"applied {', '.join(result.applied)}" if result.applied else "nothing applied",
+                f"applied {changes}" if changes else "nothing applied",
                 f"; restart required for {restart}" if restart else "",
             )
         return result
@@ -264,13 +282,6 @@ def _revert(settings: Settings, old: Settings, failed: set[str]) -> Settings:
     return settings.model_copy(update={"models": models})
 
 
-def _text(value: Any) -> str:
-    """A changed value as the event log shows it (secrets are already masked)."""
-    if value is None:
-        return "unset"
-    return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
 def _apply_process_settings(settings: Settings) -> None:
     logging.getLogger().setLevel(settings.server.log_level.upper())
 
@@ -286,9 +297,14 @@ async def _record(state: AppState, result: ReloadResult) -> None:
         outcome=result.outcome,
         changed=tuple(c.key for c in result.changes),
         restart_required=tuple(result.restart_required),
-        error=result.error or ("; ".join(map(str, result.issues)) or None),
+        error=result.error
+        or "; ".join(map(str, result.issues))
+        or "; ".join(result.warnings)
+        or None,
         version=version,
-        values=tuple((c.key, _text(c.old), _text(c.new)) for c in result.changes),
+        values=tuple(
+            (c.key, shown_value(c.key, c.old), shown_value(c.key, c.new)) for c in result.changes
+        ),
     )
     state.reload_log = log.record(event, applied=bool(result.applied))
     result.version = version

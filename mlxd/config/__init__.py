@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from mlxd.config.entry import ModelEntry
 from mlxd.config.issues import ConfigError, ConfigIssue, parse_toml
-from mlxd.config.loading import dump_toml, load_settings
+from mlxd.config.loading import dump_toml, effective_toml, load_settings
 from mlxd.config.sections import (
     BatchesSettings,
     BatchSettings,
@@ -39,7 +39,7 @@ from mlxd.config.sections import (
     default_state_dir,
 )
 from mlxd.config.settings import SECTIONS, Settings, reload_class
-from mlxd.config.units import Bytes, KeepAlive, KvBudget, format_bytes, parse_bytes
+from mlxd.config.units import Bytes, KeepAlive, KvBudget, format_bytes, parse_bytes, shown_value
 
 __all__ = [
     "SECTIONS",
@@ -67,9 +67,11 @@ __all__ = [
     "Settings",
     "default_state_dir",
     "dump_toml",
+    "effective_toml",
     "format_bytes",
     "load_settings",
     "parse_bytes",
     "parse_toml",
     "reload_class",
+    "shown_value",
 ]

@@ -101,6 +101,30 @@ def dump_toml(settings: Settings, *, reveal_secrets: bool = False) -> str:
     return tomli_w.dumps(_drop_none(data))
 
 
+def effective_toml(settings: Settings) -> str:
+    """The effective config as a person reads it (``mlxd check-config``), secrets masked.
+
+    :func:`dump_toml`, less what does not apply: the ``[model]`` table when a
+    ``[models.<id>]`` registry replaces it, ``demo_dtype`` on an entry that
+    is not the built-in demo model (it has a ``path``, or is an embedding
+    model); and ``default`` as the registry resolves it (the one model of a
+    kind is its default even when the file does not say so).
+    """
+    import tomli_w
+
+    from mlxd.config.registry import default_id
+
+    data = _drop_none(settings.model_dump(mode="json"))
+    if settings.models:
+        data.pop("model", None)
+    for model_id, entry in data.get("models", {}).items():
+        kind = entry.get("kind", "chat")
+        entry["default"] = model_id == default_id(settings, kind)
+        if entry.get("path") or kind != "chat":
+            entry.pop("demo_dtype", None)
+    return tomli_w.dumps(data)
+
+
 def _drop_none(value: Any) -> Any:
     """``value`` without None anywhere (TOML has no null), nor empty override tables."""
     if isinstance(value, dict):

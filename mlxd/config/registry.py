@@ -120,8 +120,6 @@ def registry_issues(settings: Settings) -> list[ConfigIssue]:
                     "drop name, or list other names in aliases",
                 )
             )
-        if entry.kind == "embedding" and entry.path is None:
-            issues.append(ConfigIssue(f"{where} path", "an embedding model needs a path"))
         if entry.default:
             defaults.setdefault(entry.kind, []).append(model_id)
         for alias in entry.aliases:

@@ -68,6 +68,26 @@ def format_bytes(n: int | float) -> str:
     raise AssertionError("unreachable")
 
 
+# Keys whose integer values are byte counts, beside every ``*_bytes`` key.
+_BYTE_KEYS = ("budget", "kv_budget")
+
+
+def shown_value(key: str, value: Any) -> str:
+    """A config value as a person reads it in reload output and events: byte sizes
+    in human units (``memory.budget`` 2147483648 is ``2.0 GiB``), None as ``unset``."""
+    name = key.rsplit(".", 1)[-1]
+    if value is None:
+        return "unset"
+    bytes_key = name.endswith("bytes") or name in _BYTE_KEYS
+    if bytes_key and isinstance(value, int) and not isinstance(value, bool):
+        return format_bytes(value)
+    if isinstance(value, str):
+        return value
+    import json
+
+    return json.dumps(value, default=str)
+
+
 def _exact_size(n: int) -> str | int:
     """The shortest exact spelling of a byte count, for writing TOML."""
     for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):

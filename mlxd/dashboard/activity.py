@@ -120,7 +120,9 @@ def counters(s: dict[str, Any], now: float) -> Formatted:
         "hit_rate": percent(pc["hits"], lookups),
         "hits": count(pc["hits"]),
         "lookups": count(lookups),
-        "cached_tokens": count(pc["cached_tokens_served"]),
+        # Counted at admission, as each row's "cached" is (issue 22: the count by completed
+        # requests lagged the rows on screen).
+        "cached_tokens": count(pc.get("ram_tokens", 0) + pc.get("disk_tokens", 0)),
         "prompt_tokens": count(c["prompt_tokens"]),
         "generated_tokens": count(c["generated_tokens"]),
         "prefill_time": duration(c["prefill_seconds"]),

@@ -54,6 +54,42 @@ def throughput(s: dict[str, Any], now: float) -> Formatted:
         "now": rate(sum(r["tokens_per_s"] for r in s["rows"] if r["phase"] == "decode")),
         "decoding": sum(1 for r in s["rows"] if r["phase"] == "decode"),
         "latest": rate(series[-1]) if series else "0.0",
+        **every_model(s),
+    }
+
+
+def every_model(s: dict[str, Any]) -> Formatted:
+    """With several chat models: which one the chart and the headline show, and a row
+    per loaded chat model (running, waiting, tok/s, KV) with their totals."""
+    models = [m for m in (s.get("fleet") or {}).get("models", []) if m["kind"] == "chat"]
+    name = s["model"]["name"] or "—"
+    if len(models) < 2:
+        return {"several": False, "scope": name}
+    rows = []
+    for m in models:
+        e = m.get("engine") or {}
+        rows.append(
+            {
+                "id": m["id"],
+                "default": m["default"],
+                "state": m["state"],
+                "running": count(e.get("rows", 0)),
+                "waiting": count(e.get("pending", 0) + (m.get("waiting") or 0)),
+                "tps": rate(float(e.get("tokens_per_s") or 0.0)),
+                "kv": human_bytes(e.get("kv_bytes", 0)),
+                "kv_budget": human_bytes(e.get("kv_budget_bytes", 0)),
+            }
+        )
+    engines = [m.get("engine") or {} for m in models]
+    return {
+        "several": True,
+        "scope": f"model {name} (default)",
+        "models": rows,
+        "all_running": count(sum(e.get("rows", 0) for e in engines)),
+        "all_waiting": count(
+            sum(e.get("pending", 0) for e in engines) + sum(m.get("waiting") or 0 for m in models)
+        ),
+        "all_tps": rate(sum(float(e.get("tokens_per_s") or 0.0) for e in engines)),
     }
 
 
@@ -65,8 +101,13 @@ def span(seconds: float) -> str:
 
 
 def ms(seconds: float | None) -> str:
-    """Milliseconds for latencies: ``42 ms``, ``1,250 ms``; an em dash for none."""
-    return "—" if seconds is None else f"{seconds * 1000:,.0f} ms"
+    """A latency for people: ``42 ms``, ``1,250 ms``, from 10 s in seconds (``46.5 s``,
+    not ``46,456 ms``); an em dash for none."""
+    if seconds is None:
+        return "—"
+    if seconds >= 10:
+        return f"{seconds:,.1f} s"
+    return f"{seconds * 1000:,.0f} ms"
 
 
 def latency(s: dict[str, Any], now: float) -> Formatted:

@@ -39,6 +39,7 @@ from mlxd.dashboard.editor_panels import (
     result_panel,
     secrets_in,
 )
+from mlxd.dashboard.overrides import running_overrides
 from mlxd.dashboard.quick import quick_controls, quick_edit, quick_values
 from mlxd.dashboard.refused import DashboardRefused, require_admin
 from mlxd.dashboard.regions import format_region
@@ -110,6 +111,8 @@ def editor_context(
     context: dict[str, Any] = {
         "status": format_region("status-bar", daemon_stats(mlxd, now, admin=False), now),
         "result": result,
+        # Running values the file does not say (flags, MLXD_* variables).
+        "overrides": running_overrides(mlxd.settings, mlxd.overrides),
     }
     path = mlxd.config_path
     if path is None:

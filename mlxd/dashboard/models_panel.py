@@ -119,7 +119,7 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
         "active": count(m["active"] or 0),
         "waiting": count(m["waiting"] or 0),
         "wait_reason": m.get("wait_reason"),
-        "last_used": ago(m.get("last_used"), now) if m.get("last_used") else "never",
+        "last_used": _last_used(m, engine, now),
         "loaded": ago(m.get("loaded_at"), now) if m.get("loaded_at") else "—",
         "load_seconds": duration(m["load_seconds"]) if m.get("load_seconds") is not None else "—",
         "keep_alive": _keep_alive(m.get("keep_alive")),
@@ -128,6 +128,14 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
         "tools": caps.get("tools"),
         "actions": _actions(m),
     }
+
+
+def _last_used(m: dict[str, Any], engine: dict[str, Any], now: float) -> str:
+    """ "in use" while requests hold the model (not the time the last one began)."""
+    busy = _n(m.get("active")) or _n(engine.get("rows")) or _n(engine.get("pending"))
+    if busy:
+        return f"in use now ({count(busy)} request{'s' if busy != 1 else ''})"
+    return ago(m.get("last_used"), now) if m.get("last_used") else "never"
 
 
 def _keep_alive(value: Any) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxd.dashboard.charts import every_model
 from mlxd.dashboard.formatting import (
     Formatted,
     ago,
@@ -43,6 +44,8 @@ def status_bar(s: dict[str, Any], now: float) -> Formatted:
         "state": s["state"],
         "stalled": s["stalled"],
         "stalled_reason": s.get("stalled_reason"),
+        # The loaded models fill [memory] budget: no request can be served (issue 22).
+        "over_budget": (s.get("fleet") or {}).get("over_budget"),
         "uptime": duration(s["uptime_s"]),
         "config_version": config["version"],
         "config_applied": clock(config["applied_at"]),
@@ -59,10 +62,17 @@ def status_bar(s: dict[str, Any], now: float) -> Formatted:
     }
 
 
+def _scope(s: dict[str, Any]) -> str:
+    """Which model the panel shows, said when there are several chat models ("" else)."""
+    found = every_model(s)
+    return str(found["scope"]) if found["several"] else ""
+
+
 def kv_gauge(s: dict[str, Any], now: float) -> Formatted:
     b, pc = s["batch"], s["prompt_cache"]
     budget = b["kv_budget_bytes"]
     return {
+        "scope": _scope(s),
         "live": human_bytes(b["kv_bytes"]),
         "projected": human_bytes(b["kv_projected_bytes"]),
         "budget": human_bytes(budget),
@@ -96,4 +106,5 @@ def memory(s: dict[str, Any], now: float) -> Formatted:
         "kv": human_bytes(b["kv_bytes"]),
         "kv_budget": human_bytes(b["kv_budget_bytes"]),
         "active_width": bar_width(m.get("active_bytes", 0), m.get("peak_bytes", 0)),
+        "scope": _scope(s),
     }

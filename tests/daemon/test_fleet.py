@@ -131,6 +131,11 @@ def test_aliases_route_unknown_names_get_404_and_no_request_opens_a_path(daemon,
     missing = httpx.get(f"{daemon.url}/v1/models/{paths['c']}")
     assert missing.status_code == 404
     assert httpx.get(f"{daemon.url}/v1/models/c").json()["id"] == "c"
+    # An alias that routes is a model here too (issue 22), under its id.
+    for alias in ("bee", "gpt-4o-mini"):
+        found = httpx.get(f"{daemon.url}/v1/models/{alias}")
+        assert found.status_code == 200 and found.json()["id"] == "b", found.text
+    assert httpx.get(f"{daemon.url}/v1/models/nope").status_code == 404
 
 
 def test_loading_evicts_the_least_recently_used_and_memory_stays_in_the_budget(daemon, budget):
@@ -218,6 +223,14 @@ def test_a_load_waits_while_a_busy_model_holds_the_memory(daemon):
     assert states(daemon)["b"] == "unloaded"
 
 
+def _ready_over_budget(d: Daemon) -> dict | None:
+    try:
+        ready = httpx.get(f"{d.url}/ready", timeout=5)
+    except httpx.HTTPError:
+        return None  # still starting
+    return ready.json() if "over-committed" in ready.json().get("reason", "") else None
+
+
 def test_keep_alive_unloads_an_idle_model_and_a_request_loads_it_again(tmp_path, paths):
     config = toml_config(
         models={
@@ -300,8 +313,11 @@ def test_a_live_prompt_cache_change_moves_the_models_reservation(tmp_path, paths
         d.write_config(config(cap))
         return d.reload().json()
 
-    d = Daemon(tmp_path, config("1GiB")).start()  # pinned: it loads over the budget
+    # Pinned: it loads over the budget, and the daemon says it cannot serve (issue 22).
+    d = Daemon(tmp_path, config("1GiB")).start(wait_ready=False)
     try:
+        ready = wait_for(lambda: _ready_over_budget(d), 120)
+        assert "over-committed" in ready["reason"] and "a " in ready["reason"]
         a = reserved() - 1024 * MiB  # the weights as the load measured them
         assert 0 < a < 64 * MiB
         refused = chat(d, "a")
@@ -313,6 +329,7 @@ def test_a_live_prompt_cache_change_moves_the_models_reservation(tmp_path, paths
 
         assert reload("8MiB")["outcome"] == "applied"  # shrinks at once
         assert reserved() == a + 8 * MiB
+        assert httpx.get(f"{d.url}/ready").status_code == 200
         assert chat(d, "a").status_code == 200
 
         grown = reload("1GiB")  # does not fit: the model keeps 8 MiB, and says so

@@ -69,23 +69,50 @@ async def timed_stream(client, model: str, prompt: str, max_tokens: int) -> list
     return [*times, usage]
 
 
+async def stream_until(client, model: str, prompt: str, stop: asyncio.Event) -> list[float]:
+    """Arrival times of a long stream's content chunks, read until ``stop`` is set."""
+    times: list[float] = []
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=3000,
+        stream=True,
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content is not None:
+            times.append(time.monotonic())
+        if stop.is_set():
+            break
+    await stream.close()
+    return times
+
+
 def test_streams_to_two_models_interleave(daemon):
+    """The tiny model's stream runs for as long as the demo model's (it is cut when
+    the demo's ends), so the overlap is the demo stream's whole life however slow a
+    loaded machine makes either model (issue 22: a fixed 400 tiny tokens finished
+    before the demo's tenth on a busy 2-core machine). Were one model's engine to
+    hold the other's, the demo's tokens would not arrive inside the tiny stream."""
+
     async def main():
         client = daemon.async_openai()
-        return await asyncio.gather(
-            timed_stream(client, DEMO, "Tell me about the sea.", 60),
-            timed_stream(client, "a", "story", 400),
-        )
+        stop = asyncio.Event()
+        tiny = asyncio.create_task(stream_until(client, "a", "story", stop))
+        demo = await timed_stream(client, DEMO, "Tell me about the sea.", 60)
+        stop.set()
+        return demo, await tiny
 
     demo, tiny = asyncio.run(main())
-    assert 0 < demo.pop() <= 60 and tiny.pop() == 400
-    # Both made progress in the same interval: each one's chunks arrive
-    # between the other's first and last, many times over.
-    overlap_start, overlap_end = max(demo[0], tiny[0]), min(demo[-1], tiny[-1])
+    assert 0 < demo.pop() <= 60
+    assert tiny[-1] > demo[-1], "the tiny stream (3000 tokens) ended before the demo's 60"
+    overlap_start, overlap_end = max(demo[0], tiny[0]), demo[-1]
     assert overlap_end > overlap_start, "one stream finished before the other began"
     during = [t for t in tiny if overlap_start <= t <= overlap_end]
     demo_during = [t for t in demo if overlap_start <= t <= overlap_end]
-    assert len(during) >= 10 and len(demo_during) >= 10, (len(during), len(demo_during))
+    # Both made progress in the same interval, each many times over: the demo's
+    # tokens (but its first two, which may come before the tiny stream's first).
+    assert len(demo_during) >= len(demo) - 2 and len(demo_during) >= 5, (len(demo), demo_during)
+    assert len(during) >= 10, len(during)
 
 
 def test_each_model_samples_with_its_own_defaults(daemon):

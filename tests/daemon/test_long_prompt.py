@@ -81,7 +81,7 @@ def test_a_huge_prompt_does_not_stall_running_streams(daemon):
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     assert "characters" in r.json()["error"]["message"]
-    assert time.monotonic() - started < 2
+    refused_in = time.monotonic() - started
     t.join(300)
     assert answered_at - sent_at > 0.2, "the prompt was not really tokenized"
     gaps = list(itertools.pairwise(times))
@@ -94,9 +94,19 @@ def test_a_huge_prompt_does_not_stall_running_streams(daemon):
         f"step {step * 1000:.0f} ms; while a {answered_at - sent_at:.1f} s prompt was "
         f"tokenized, worst gap {max(during) * 1000:.0f} ms over {len(during)} tokens"
     )
-    # Allowed: one normal step more than the stream's usual worst gap.
+    # Relative to this run's own baseline (issue 22: a loaded 2-core machine): the
+    # stream's usual worst gap before plus two normal steps, or three times that gap
+    # (tokenizing takes one of the two cores from the engine meanwhile; at a load
+    # average of 8, 2 x usual was seen exceeded by 2 %). A stall would be one gap as
+    # long as the tokenizing: never more than half of it here.
+    tokenizing = answered_at - sent_at
     usual = sorted(before)[int(0.9 * len(before))]
-    assert max(during) <= usual + step + 0.03, (step, usual, sorted(during)[-5:])
+    allowed = max(usual + 2 * step + 0.03, 3 * usual)
+    assert max(during) <= allowed, (step, usual, sorted(during)[-5:])
+    assert max(during) < tokenizing / 2, (tokenizing, sorted(during)[-5:])
     # A stall would have been visible: tokenizing took several steps' time.
-    assert answered_at - sent_at > 3 * step
+    assert tokenizing > 3 * step
+    # The 3.9 MB prompt (6.5 times the characters) was refused faster than the
+    # 600,000-character one was tokenized: it never was.
+    assert refused_in < tokenizing, (refused_in, tokenizing)
     assert info["max_token_chars"] * info["context_length"] < len(huge)

@@ -205,6 +205,9 @@ def test_load_pin_and_unload_over_forms(daemon: Daemon) -> None:
     assert [(html.unescape(m), k) for k, m in events][:4] == [
         (B, "unloaded"), (B, "unpinned"), (B, "pinned"), (B, "loaded")
     ]  # fmt: skip
+    # The server's log says so too, as it does for loads and unloads (issue 22).
+    log = daemon.log()
+    assert f"model {B} pinned (by an admin)" in log and f"model {B} unpinned (by an admin)" in log
 
 
 # ---------------------------------------------------------------- /metrics

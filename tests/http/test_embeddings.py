@@ -72,7 +72,7 @@ def assert_error(response: httpx.Response, status: int, code: str | None, param=
     return err
 
 
-def test_float_vectors_with_usage(client, tokenizer):
+def test_float_vectors_with_usage(client, tokenizer, daemon):
     response = client.embeddings.create(model="emb", input=TEXTS, encoding_format="float")
     assert response.object == "list" and response.model == "emb"
     assert [d.index for d in response.data] == [0, 1, 2]
@@ -80,6 +80,12 @@ def test_float_vectors_with_usage(client, tokenizer):
     np.testing.assert_allclose(np.linalg.norm(vectors(response), axis=1), 1.0, atol=1e-5)
     tokens = sum(len(tokenizer(t)["input_ids"]) for t in TEXTS)
     assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
+    # The request log line counts inputs and tokens apart (issue 22).
+    line = f"POST /v1/embeddings 200 model=emb inputs={len(TEXTS)} prompt={tokens} duration="
+    deadline = time.monotonic() + 10
+    while line not in daemon.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert line in daemon.log()
 
 
 def test_base64_decodes_to_the_float_vectors(client, http):
@@ -214,9 +220,9 @@ def test_the_error_names_the_input_that_is_too_long(http, tokenizer):
 
 
 def test_missing_model_and_unknown_model(http):
-    assert_error(
-        http.post("/v1/embeddings", json={"input": "x"}), 400, "missing_required_parameter", "model"
-    )
+    # No model: the default embedding model (issue 22), as for chat.
+    r = http.post("/v1/embeddings", json={"input": "x"})
+    assert r.status_code == 200 and r.json()["model"] == "emb", r.text
     err = assert_error(
         http.post("/v1/embeddings", json={"model": "nope", "input": "x"}), 404, "model_not_found"
     )
@@ -227,8 +233,10 @@ def test_a_chat_model_on_embeddings_and_the_embedding_model_on_chat_get_400(http
     response = http.post("/v1/embeddings", json={"model": "chat", "input": "x"})
     assert response.status_code == 400, response.text
     err = response.json()["error"]
-    assert (
-        "chat" in err["message"] and "/v1/embeddings" in err["message"] and "emb" in err["message"]
+    # Sentences that start with a capital, each route said once (issue 22).
+    assert err["message"] == (
+        "'chat' is a chat model: send it to /v1/chat/completions, /v1/completions, "
+        "/v1/responses or /v1/messages. This route serves the embedding models: emb."
     )
     response = http.post(
         "/v1/chat/completions",
@@ -236,7 +244,10 @@ def test_a_chat_model_on_embeddings_and_the_embedding_model_on_chat_get_400(http
     )
     assert response.status_code == 400, response.text
     err = response.json()["error"]
-    assert "embedding" in err["message"] and "/v1/embeddings" in err["message"]
+    assert err["message"] == (
+        "'emb' is an embedding model: send it to /v1/embeddings. "
+        "This route serves the chat models: chat."
+    )
     chat = http.post(
         "/v1/chat/completions",
         json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},

@@ -4,6 +4,7 @@ shape, and a server that still answers the next request."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 import pytest
@@ -139,9 +140,15 @@ def test_invalid_parameters_get_400_with_the_param(http, model, change, code, pa
     assert_error(r, 400, code=code, param=param)
 
 
-def test_missing_required_field(http):
-    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
-    assert_error(r, 400, code="missing_required_parameter", param="model")
+def test_missing_required_field(http, model):
+    r = http.post("/v1/chat/completions", json={"model": model})
+    assert_error(r, 400, code="missing_required_parameter", param="messages")
+    # Issue 22: no model is the default model, as configuration.md says.
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.json()["model"] == model, r.text
+    r = http.post("/v1/messages", json=body)
+    assert r.status_code == 200 and r.json()["model"] == model, r.text
 
 
 def test_unknown_model_is_404(http, model):
@@ -153,7 +160,10 @@ def test_unknown_model_is_404(http, model):
 
 def test_body_over_the_limit_is_413(http, model):
     big = chat(model, messages=[{"role": "user", "content": "x" * 4000}])
-    assert_error(http.post("/v1/chat/completions", json=big), 413, code="request_too_large")
+    err = assert_error(http.post("/v1/chat/completions", json=big), 413, code="request_too_large")
+    # Sizes a person reads (issue 22), and the key as the config writes it.
+    assert re.search(r"is \d+\.\d KiB; this server accepts at most \d", err["message"]), err
+    assert "[limits] max_body_bytes" in err["message"] and " bytes" not in err["message"]
     assert_still_serving(http, model)
 
 

@@ -81,7 +81,9 @@ def test_one_info_line_per_request(daemon: Daemon) -> None:
     ), chat
     assert stream.startswith(f"POST /v1/completions 200 model={model} lane=batch prompt=")
     assert "generated=" in stream and "ttft=" in stream
-    assert missing.startswith("POST /v1/chat/completions 404 model=no-such-model duration=")
+    assert missing.startswith(
+        "POST /v1/chat/completions 404 model=no-such-model error=model_not_found duration="
+    )
     assert "hello" not in daemon.log()  # counts only, never the prompt
     assert re.search(r"mlxd\.requests: GET /v1/models 200 duration=", daemon.log())
 
@@ -132,3 +134,75 @@ def test_ignore_drops_and_lists_them_but_unsupported_stays_a_400(daemon: Daemon)
     finally:
         _reconfigure(daemon)
     assert _chat(daemon, frobnicate=True).status_code == 400
+
+
+def _line_after(d: Daemon, before: int, start: str) -> str:
+    lines = _new_lines(d, before, 1)
+    assert len(lines) == 1 and lines[0].startswith(start), lines
+    return lines[0]
+
+
+def test_a_stream_the_client_left_is_logged_cancelled_with_what_it_generated(
+    daemon: Daemon,
+) -> None:
+    """Issue 22: it was logged 200 with no generated/finish."""
+    before = len(_posts(daemon))
+    body = {
+        "model": daemon.model_id(),
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 2000,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{daemon.url}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        chunks = 0
+        for line in r.iter_lines():
+            chunks += line.startswith("data: {")
+            if chunks >= 4:
+                break  # leave mid-stream
+    line = _line_after(daemon, before, "POST /v1/chat/completions 499 ")
+    generated = int(re.search(r" generated=(\d+) ", line)[1])  # type: ignore[index]
+    assert 3 <= generated < 2000, line
+    assert " error=cancelled " in line and "finish=" not in line
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "code"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2},
+         "unsupported_parameter"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1},
+         "invalid_value"),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 0}, "invalid_value"),
+        ("/v1/chat/completions", {"messages": []}, "invalid_value"),
+    ],
+)  # fmt: skip
+def test_every_4xx_line_carries_the_error_code(daemon: Daemon, path, body, code) -> None:
+    before = len(_posts(daemon))
+    r = httpx.post(f"{daemon.url}{path}", json={"model": daemon.model_id(), **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    line = _line_after(daemon, before, f"POST {path} 400 ")
+    assert f" error={code} " in line, (line, r.text)
+    if path != "/v1/messages":  # Anthropic's envelope has no code, only the log line does
+        assert r.json()["error"]["code"] == code, r.text
+
+
+def test_the_serial_lane_says_why(daemon: Daemon) -> None:
+    before = len(_posts(daemon))
+    r = _chat(daemon, seed=7)
+    assert r.status_code == 200
+    lane = r.headers["x-mlxd-lane"]
+    assert lane.startswith("serial"), lane
+    line = _line_after(daemon, before, "POST /v1/chat/completions 200 ")
+    reason = lane.split("reason=", 1)[1] if "reason=" in lane else lane.split(";")[-1].strip()
+    assert f" lane=serial reason={reason} " in line, (line, lane)
+
+
+def test_without_an_embedding_model_the_error_says_how_to_add_one(daemon: Daemon) -> None:
+    before = len(_posts(daemon))
+    r = httpx.post(f"{daemon.url}/v1/embeddings", json={"input": "x"}, timeout=30)
+    assert r.status_code == 404, r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith("This server has no embedding model. Add one: a [models.<id>]")
+    assert 'kind = "embedding"' in message and "configuration.md#embedding-models" in message
+    assert " error=model_not_found " in _line_after(daemon, before, "POST /v1/embeddings 404 ")

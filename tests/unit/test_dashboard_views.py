@@ -93,7 +93,8 @@ def test_models_panel_shows_each_model_against_the_budget() -> None:
     ]  # fmt: skip
     assert a["total"] == "24.0 MiB" and a["cache_cap"] == "4.0 MiB"
     assert (a["rows"], a["queue"], a["tokens_per_s"]) == ("2", "3", "12.2")
-    assert a["last_used"] == "10 s ago" and a["keep_alive"] == "30 m"
+    # Requests hold it: "in use", not when the last one began (issue 22).
+    assert a["last_used"] == "in use now (2 requests)" and a["keep_alive"] == "30 m"
     assert a["actions"] == {"load": False, "unload": False, "pin": False, "unpin": True}
     # A failed model: no engine numbers, its error, a load button.
     assert (b["rows"], b["queue"], b["error"]) == ("—", "—", "weights are <corrupt>")
@@ -144,3 +145,12 @@ def test_running_and_waiting_rows_carry_their_key_priority_and_preemption() -> N
     rows[0] |= {"priority": "low", "key": "indexer", "preemptions": 2}
     r = activity.active_rows({"rows": rows, "batch": _snapshot([], 1)["batch"]}, 0.0)["rows"][0]
     assert (r["priority"], r["key"], r["preemptions"]) == ("low", "indexer", 2)
+
+
+def test_long_latencies_read_in_seconds() -> None:
+    """Issue 22: 46,456 ms is 46.5 s to a person; short ones stay in ms."""
+    from mlxd.dashboard.charts import ms
+
+    assert (ms(0.042), ms(1.25), ms(9.9994), ms(46.456), ms(None)) == (
+        "42 ms", "1,250 ms", "9,999 ms", "46.5 s", "—"
+    )  # fmt: skip

@@ -45,9 +45,17 @@ def test_the_memory_budget_is_named_when_weights_leave_no_room():
     assert room.bytes == 0
     message = room.over(256 * 1024, WHAT)
     assert room.cause(256 * 1024) == "[memory] budget"
-    assert "0 B of KV room that [memory] budget (64.0 MiB) leaves" in message
-    assert "reserve 80.0 MiB" in message and "raise [memory] budget" in message
-    assert "kv_budget" not in message
+    # Issue 22: not "a KV budget of 0 B", but what over-commits the budget and what to do.
+    assert "[memory] budget (64.0 MiB) is over-committed" in message and "0 B" not in message
+    assert "reserve 80.0 MiB" in message and "Raise [memory] budget" in message
+    assert "unpin or unload a model" in message and "kv_budget" not in message
+
+
+def test_a_short_memory_budget_names_the_room_it_leaves():
+    pool = PoolRoom(budget=64 * MiB, reserved=63 * MiB, cache_cap=8 * MiB)
+    message = kv_room("auto", auto_bytes=0, pool=pool).over(10 * MiB, WHAT)
+    assert "more than the 1.0 MiB of KV room that [memory] budget (64.0 MiB) leaves" in message
+    assert "raise [memory] budget or unload other models" in message
 
 
 def test_the_prompt_cache_key_is_named_when_its_reservation_takes_the_room():

@@ -106,8 +106,6 @@ def test_an_old_single_model_table_is_a_registry_of_one_pinned_default(tmp_path)
          "[models.coder] aliases: 'qwen' is the id of another model"),
         (TWO + '\n[model]\npath = "/x"\n', "use either one [model] table or [models.<id>] tables"),
         (TWO.replace("[models.coder]", '[models."bad id"]'), "a model id is letters, digits"),
-        (TWO.replace('path = "/models/bge"\n', ""),
-         "[models.embed] path: an embedding model needs a path"),
         (TWO.replace('path = "/models/coder"', 'path = "/models/coder"\nname = "other"'),
          "[models.coder] name: the table's name is the model id"),
         (TWO.replace("pin = true", "pin = true\nwarmup = true"),
@@ -149,3 +147,12 @@ def test_check_config_prints_the_effective_registry(tmp_path, tiny_models):
     assert "#  coder: " in done.stdout and "keep_alive 1800s" in done.stdout
     assert "overrides batch.size=2, sampling.temperature=0.1" in done.stdout
     assert "#  embed: " in done.stdout and "(embedding, default" in done.stdout
+
+
+def test_an_embedding_entry_without_a_path_is_the_demo_embedding_model(tmp_path):
+    """Issue 22: it was refused ("an embedding model needs a path")."""
+    config = tmp_path / "mlxd.toml"
+    config.write_text('[models.chat]\n[models.minilm]\nkind = "embedding"\n')
+    settings = load_settings(config)
+    assert settings.models["minilm"].path is None
+    assert resolve(settings, "", "embedding") == "minilm"

@@ -310,3 +310,21 @@ def test_a_failure_mid_stream_is_an_error_chunk_without_done():
         }
     ]
     assert sse_error({"error": {}}) == b'data: {"error":{}}\n\n'
+
+
+def test_whitespace_between_parallel_tool_calls_is_not_content():
+    """Issue 22: two calls answered content "\n", streamed as a {"content": "\n"} delta."""
+    deltas = [
+        Delta("", (2,), tool_calls=(CALL,)),
+        Delta("\n", (3,)),
+        Delta("", (4,), tool_calls=(CALL2,)),
+        Delta("\n", (5,)),
+    ]
+    body = whole(output(), deltas, reason="tool_calls")
+    assert body["choices"][0]["message"]["content"] is None
+    events = stream(output(), deltas, reason="tool_calls")
+    bodies = [c["choices"][0]["delta"] for c in events[1:-2]]
+    assert [list(b) for b in bodies] == [["tool_calls"], ["tool_calls"]], bodies
+    # Text after a call that says something is still content.
+    said = whole(output(), [Delta("", (2,), tool_calls=(CALL,)), Delta("\nDone.", (3,))])
+    assert said["choices"][0]["message"]["content"] == "\nDone."

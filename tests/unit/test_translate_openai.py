@@ -312,7 +312,7 @@ def test_a_bad_fault_is_refused_even_when_faults_are_on():
             "invalid_json",
             None,
         ),
-        (b'{"messages": []}', "missing_required_parameter", "model"),
+        (b'{"model": "m"}', "missing_required_parameter", "messages"),
         (b'{"model": "m", "messages": [], "temprature": 1}', "unknown_parameter", "temprature"),
         (b'{"model": 1, "messages": []}', "invalid_type", "model"),
         (b'{"model": "m", "messages": [], "max_tokens": "5"}', "invalid_type", "max_tokens"),
@@ -412,3 +412,8 @@ def test_completion_requests_decode_from_raw_bytes():
     assert isinstance(req, CompletionRequest)
     gen = completion_request(req, SETTINGS)
     assert gen.prompt == TokenPrompt((7, 8, 9)) and gen.sampling.seed == 5
+
+
+def test_model_may_be_absent_and_means_the_default_model():
+    """Issue 22: as configuration.md says (and most local servers do), not a 400."""
+    assert decode(body_bytes({"messages": HI}), ChatRequest).model == ""

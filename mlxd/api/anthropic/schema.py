@@ -30,7 +30,8 @@ from mlxd.engine import ChatPrompt, Constraint, GenerationRequest, ModelInfo
 
 
 class _MessagesBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    model: str
+    # Absent or "": the default model of the route's kind ([models.<id>] default).
+    model: str = ""
     messages: list[dict[str, Any]]
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None

@@ -17,6 +17,7 @@ import time
 from litestar import Request
 
 from mlxd.api.http.errors import OpenAIError
+from mlxd.config import format_bytes
 
 
 async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
@@ -62,8 +63,8 @@ async def read_body(request: Request, limit: int, timeout: float | None = None) 
 def _too_large(size: int, limit: int) -> OpenAIError:
     return OpenAIError(
         413,
-        f"The request body is {size} bytes or more; this server accepts at most {limit} "
-        "bytes (limits.max_body_bytes).",
+        f"The request body is {format_bytes(size)} or more; this server accepts at most "
+        f"{format_bytes(limit)} ([limits] max_body_bytes).",
         code="request_too_large",
         # The rest of the body may still be on its way: this connection is done.
         headers={"Connection": "close"},

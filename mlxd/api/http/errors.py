@@ -25,6 +25,7 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.types import ExceptionHandlersMap
 
+from mlxd.api.http.requestlog import note_of
 from mlxd.engine import Failed
 
 logger = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ def error_handlers(envelope: Envelope | Envelopes) -> ExceptionHandlersMap:
         return envelope.at(request.url.path) if isinstance(envelope, Envelopes) else envelope
 
     def refused(request: Request, exc: OpenAIError) -> Response[Any]:
+        note_of(request.scope).refused(exc.code)
         body = shape(request).body(exc.status, exc.message, code=exc.code, param=exc.param)
         return Response(
             body, status_code=exc.status, headers=exc.headers, media_type=MediaType.JSON
@@ -169,11 +171,13 @@ def error_handlers(envelope: Envelope | Envelopes) -> ExceptionHandlersMap:
             code = "method_not_allowed"
         else:
             message, code = str(exc.detail), None
+        note_of(request.scope).refused(code)
         body = shape(request).body(status, message, code=code)
         return Response(body, status_code=status, headers=dict(exc.headers or {}))
 
     def crashed(request: Request, exc: Exception) -> Response[Any]:
         logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        note_of(request.scope).refused("internal_error")
         message = f"internal server error: {type(exc).__name__}: {exc}"
         return Response(shape(request).body(500, message, code="internal_error"), status_code=500)
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from mlxd.api.http.access import host_allowed
 from mlxd.api.http.errors import Envelopes
-from mlxd.config import Settings
+from mlxd.config import Settings, format_bytes
 from mlxd.logs import safe
 
 logger = logging.getLogger(__name__)
@@ -144,8 +144,8 @@ def _body_refusal(scope: dict[str, Any], path: str, limit: int) -> tuple[int, st
     if declared is not None and declared.strip().isdigit() and int(declared) > limit:
         return (
             413,
-            f"The request body is {int(declared)} bytes; this server accepts at most {limit} "
-            "bytes (limits.max_body_bytes).",
+            f"The request body is {format_bytes(int(declared))}; this server accepts at most "
+            f"{format_bytes(limit)} ([limits] max_body_bytes).",
             "request_too_large",
         )
     if path == "/v1" or path.startswith("/v1/"):
@@ -221,8 +221,8 @@ async def _read(
         if size > limit:
             return None, (
                 413,
-                f"The request body is {size} bytes or more; this server accepts at most "
-                f"{limit} bytes (limits.max_body_bytes).",
+                f"The request body is {format_bytes(size)} or more; this server accepts at "
+                f"most {format_bytes(limit)} ([limits] max_body_bytes).",
                 "request_too_large",
             )
         chunks.append(chunk)

@@ -28,7 +28,8 @@ from mlxd.engine import EmbeddingError, EmbeddingResult, Failed, check_embedding
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    model: str
+    # Absent or "": the default model of the route's kind ([models.<id>] default).
+    model: str = ""
     # A string, a list of strings, a list of token ids or a list of such lists.
     input: str | list[Any]
     encoding_format: str = "float"
@@ -122,6 +123,7 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
     note = note_of(request.scope)
     note.model = req.model
     inputs = shape_inputs(req.input)
+    note.inputs = len(inputs)
     encoding_format = _check_format(req.encoding_format)
     try:
         async with held(state, req.model, "embedding", request=request) as lease:
@@ -137,4 +139,20 @@ async def serve_embeddings(request: Request, state: AppState) -> Response[Any]:
         note.error = result.code
         raise OpenAIError.from_failed(result)
     note.prompt_tokens = result.prompt_tokens
+    if any(not isinstance(i, str) for i in inputs):
+        headers = {**headers, TOKEN_IDS_HEADER: token_ids_warning(engine.info)}
     return Response(response_body(result, lease.id, encoding_format), headers=headers)
+
+
+# Token-id input cannot be told apart from another tokenizer's ids: said on every answer.
+TOKEN_IDS_HEADER = "X-Mlxd-Token-Ids"
+
+
+def token_ids_warning(info: Any) -> str:
+    """What token-id input was read as (docs/api.md, "Token-id input")."""
+    vocab = getattr(info, "vocab_size", None)
+    return (
+        f"read as this model's own token ids (vocabulary {vocab}); ids of another "
+        "tokenizer (tiktoken cl100k, as LangChain's OpenAIEmbeddings sends) embed other "
+        "text: send strings (check_embedding_ctx_length=False)"
+    )

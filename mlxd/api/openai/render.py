@@ -104,6 +104,7 @@ class Renderer:
         self._chat_lps: list[dict[str, Any]] = []
         self._legacy = _LegacyLogprobs()
         self._length = 0
+        self._streamed_call = False  # a tool call has been streamed
 
     # ------------------------------------------------------------ whole response
 
@@ -119,9 +120,11 @@ class Renderer:
         self._length += len(delta.text)
 
     def _message(self, text: str) -> dict[str, Any]:
+        # Whitespace between or around tool calls (the template's "\n" separators)
+        # is not an answer: content stays null, as OpenAI answers a call.
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": None if self._calls and not text else text,
+            "content": None if self._calls and not text.strip() else text,
         }
         message.update(reasoning_fields("".join(self._reasoning), self.reasoning_field))
         if self._calls:
@@ -175,9 +178,23 @@ class Renderer:
 
     def has_output(self, delta: Delta) -> bool:
         """Whether a delta is worth a chunk of its own."""
+        if self.kind == "chat" and delta.tool_calls:
+            self._streamed_call = True
+        if self._separator(delta):
+            return bool(self.logprobs and delta.logprobs) or bool(delta.reasoning)
         if delta.text or (self.logprobs and delta.logprobs):
             return True
         return self.kind == "chat" and bool(delta.reasoning or delta.tool_calls)
+
+    def _separator(self, delta: Delta) -> bool:
+        """Whitespace alone after a streamed tool call: the separator between calls,
+        never streamed as ``{"content": "\n"}`` (the whole answer's content is null)."""
+        return (
+            self._streamed_call
+            and not delta.tool_calls
+            and bool(delta.text)
+            and not delta.text.strip()
+        )
 
     def first_chunk(self, *, with_usage: bool) -> bytes | None:
         if self.kind != "chat":
@@ -196,8 +213,9 @@ class Renderer:
                 {"content": [_chat_logprob(lp) for lp in delta.logprobs]} if self.logprobs else None
             )
             body: dict[str, Any] = {}
-            if delta.text or not (delta.reasoning or delta.tool_calls):
-                body["content"] = delta.text
+            text = "" if self._separator(delta) else delta.text
+            if text or not (delta.reasoning or delta.tool_calls or self._separator(delta)):
+                body["content"] = text
             body.update(reasoning_fields(delta.reasoning, self.reasoning_field))
             if delta.tool_calls:
                 body["tool_calls"] = [tool_call_json(c, index=True) for c in delta.tool_calls]

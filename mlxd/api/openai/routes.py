@@ -30,6 +30,7 @@ from mlxd.api.openai.schema import (
 )
 from mlxd.api.priority import requested as requested_priority
 from mlxd.api.state import AppState, Mlxd
+from mlxd.config.registry import resolve
 from mlxd.engine import (
     TOOL_GRAMMAR_FORMATS,
     Accepted,
@@ -89,8 +90,11 @@ class OpenAIController(Controller):
     async def get_model(
         self, request: Request, mlxd: Mlxd, model_id: FromPath[str]
     ) -> dict[str, Any]:
+        """One model by id, or by an alias that routes to it (its entry, under its id)."""
         visible = _visible(request, mlxd)
-        model = next((m for m in visible if m.id == model_id.lstrip("/")), None)
+        by_id = {m.id: m for m in visible}
+        name = model_id.lstrip("/")
+        model = by_id.get(name) or (by_id.get(resolve(mlxd.settings, name) or "") if name else None)
         if model is None:
             ids = ", ".join(m.id for m in visible)
             raise OpenAIError(

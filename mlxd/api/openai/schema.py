@@ -33,7 +33,8 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    model: str
+    # Absent or "": the default model of the route's kind ([models.<id>] default).
+    model: str = ""
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None

@@ -29,7 +29,9 @@ class HealthController(Controller):
         """Readiness: pinned models are loaded, engines step and admit, the server takes requests.
 
         A model loaded on demand (not pinned) does not make the daemon unready
-        while it is unloaded: a request for it loads it.
+        while it is unloaded: a request for it loads it. Loaded models whose
+        reservations fill ``[memory] budget`` (pinned or busy ones after a lowered
+        budget) do: no request could be admitted.
         """
         snap = mlxd.engine.snapshot()
         now = time.time()
@@ -51,6 +53,8 @@ class HealthController(Controller):
             )
         elif stalled is not None:
             reason = f"engine {stalled} stalled: {snapshots[stalled].stalled_reason(now)}"
+        elif view.over_budget is not None:
+            reason = view.over_budget
         else:
             default = next((m.id for m in view.models if m.default and m.kind == "chat"), None)
             models = {m.id: m.state for m in view.models}

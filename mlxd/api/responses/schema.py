@@ -31,7 +31,8 @@ from mlxd.engine import ChatPrompt, GenerationRequest, ModelInfo, SamplingParams
 
 
 class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    model: str
+    # Absent or "": the default model of the route's kind ([models.<id>] default).
+    model: str = ""
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None

@@ -294,6 +294,8 @@ class EngineThread:
             return
         self._intaking[submit.request.id] = submit
         core.intaking = len(self._intaking)
+        if core.pool is not None:  # other models may have loaded or unloaded since the last step
+            core.update_room()
         self._intake.prepare(submit, core.loaded, core.settings, core.room)
 
     def _prepared(self, message: Intaken) -> None:

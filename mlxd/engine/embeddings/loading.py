@@ -63,8 +63,15 @@ def check_model_dir(settings: ModelSettings) -> tuple[Path, dict[str, Any]]:
     ``mlx_embeddings.load`` downloads from the Hugging Face hub when a path does
     not exist: mlxd never lets it, a missing directory is a load error.
     """
-    if not settings.path:
-        raise ModelLoadError("an embedding model needs a 'path' (there is no demo embedding model)")
+    if not settings.path:  # the built-in demo embedding model (mlxd.demo.embedding)
+        from mlxd.demo import DemoModelUnavailable
+        from mlxd.demo.embedding import prepare_demo_embedding
+
+        try:
+            path = prepare_demo_embedding()
+        except DemoModelUnavailable as exc:
+            raise ModelLoadError(str(exc)) from exc
+        return path, _read_config(path)
     path = Path(settings.path).expanduser()
     if not path.is_dir():
         raise ModelLoadError(

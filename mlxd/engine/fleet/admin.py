@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from mlxd.engine.fleet.loading import Loads
 from mlxd.engine.fleet.slots import Slots
@@ -17,6 +18,8 @@ from mlxd.engine.fleet.status import state_of
 from mlxd.engine.fleet.unloading import Unloads
 from mlxd.engine.fleet.values import FleetRefusal, ModelState
 from mlxd.engine.messages import Failed
+
+logger = logging.getLogger(__name__)
 
 
 class Admin:
@@ -52,6 +55,7 @@ class Admin:
         slot = self._slots.find(model_id)
         slot.pin_override = on
         self._slots.event(model_id, "pinned" if on else "unpinned", "by an admin")
+        logger.info("model %s %s (by an admin)", model_id, "pinned" if on else "unpinned")
         if on and slot.state in ("unloaded", "failed"):
             self._loads.spawn(slot)
         self._slots.notify()

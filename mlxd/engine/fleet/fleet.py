@@ -17,7 +17,8 @@ The parts, each in its module: the slots, routing and events
 and the room they make in the budget (:mod:`~mlxd.engine.fleet.room`,
 :mod:`~mlxd.engine.fleet.memory`), unloads and keep_alive
 (:mod:`~mlxd.engine.fleet.unloading`), the admin actions
-(:mod:`~mlxd.engine.fleet.admin`), a reloaded registry
+(:mod:`~mlxd.engine.fleet.admin`), keeping inside a shrunk budget
+(:mod:`~mlxd.engine.fleet.fit`), a reloaded registry
 (:mod:`~mlxd.engine.fleet.reload`) and the views (:mod:`~mlxd.engine.fleet.status`).
 """
 
@@ -32,6 +33,7 @@ from mlxd.config import Settings
 from mlxd.config.registry import default_id, registry
 from mlxd.engine.chat.engine import Engine
 from mlxd.engine.fleet.admin import Admin
+from mlxd.engine.fleet.fit import Fit
 from mlxd.engine.fleet.loading import Loads
 from mlxd.engine.fleet.memory import MemoryPool
 from mlxd.engine.fleet.reload import RegistryReload
@@ -80,7 +82,8 @@ class Fleet:
         self._unloads = Unloads(slots)
         self._loads = Loads(slots, Room(slots, self._unloads))
         self._admin = Admin(slots, self._loads, self._unloads)
-        self._reload = RegistryReload(slots, self._loads, self._unloads, device_bytes)
+        self._fit = Fit(slots, self._unloads)
+        self._reload = RegistryReload(slots, self._loads, self._unloads, self._fit, device_bytes)
         for model_id in registry(settings):
             slots.add(model_id, settings)
 
@@ -107,6 +110,7 @@ class Fleet:
         while True:
             await asyncio.sleep(TICK_S)
             self._unloads.expire_idle()
+            self._fit.start("to fit [memory] budget")
             slots.notify()
 
     def stop(self) -> None:
@@ -155,6 +159,13 @@ class Fleet:
             self._slots.notify()
             raise
         return Lease(slot, slot.engine, self._released)
+
+    async def make_kv_room(self, model_id: str) -> bool:
+        """Unload one idle, unpinned model other than ``model_id`` when the others'
+        reservations leave it less KV than its own budget; True when one was unloaded
+        (a request refused for KV room is then tried again: docs/batching.md)."""
+        slot = self._slots.by_id.get(model_id)
+        return slot is not None and await self._fit.room_for(slot)
 
     def _released(self, slot: Slot) -> None:
         slot.active -= 1

@@ -16,6 +16,7 @@ import contextlib
 from mlxd.config import Settings, format_bytes
 from mlxd.config.entry import ModelEntry
 from mlxd.config.registry import for_model, registry
+from mlxd.engine.fleet.fit import Fit, over_budget
 from mlxd.engine.fleet.loading import Loads
 from mlxd.engine.fleet.slot import Slot, budget_bytes, swallow_failure
 from mlxd.engine.fleet.slots import Slots
@@ -29,8 +30,9 @@ _SWAP_KEYS = ("path", "chat_template", "tool_parser", "max_context", "demo_dtype
 class RegistryReload:
     """``Fleet.apply`` and its steps."""
 
-    def __init__(self, slots: Slots, loads: Loads, unloads: Unloads, device_bytes: int):
+    def __init__(self, slots: Slots, loads: Loads, unloads: Unloads, fit: Fit, device_bytes: int):
         self._slots = slots
+        self._fit = fit
         self._loads = loads
         self._unloads = unloads
         self._device_bytes = device_bytes
@@ -43,7 +45,9 @@ class RegistryReload:
         live, or are loaded again when their path or kind changed. A loaded
         model's prompt-cache cap moves its reservation in the memory budget:
         at once when it shrinks, when the budget has room when it grows (else
-        the model keeps its cap, and ``kept`` says so).
+        the model keeps its cap, and ``kept`` says so). A budget lowered below
+        what the loaded models reserve unloads idle unpinned ones until the
+        rest fit (``evicted``); what still does not fit is ``over_budget``.
         """
         slots = self._slots
         old = slots.settings
@@ -79,8 +83,9 @@ class RegistryReload:
                 errors[model_id] = error
         if renamed and errors:
             self._rename(renamed[1], renamed[0])
+        evicted = await self._fit.now("to fit [memory] budget after a reload")
         slots.notify()
-        return FleetApplied(errors, kept)
+        return FleetApplied(errors, kept, tuple(evicted), over_budget(slots))
 
     def _rename(self, old_id: str, new_id: str) -> None:
         """The one ``[model]`` table's id changed (its path or name): same slot, new id."""

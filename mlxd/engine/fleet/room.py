@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from mlxd.config import format_bytes
+from mlxd.engine.fleet.fit import idle_victim
 from mlxd.engine.fleet.slot import Slot
 from mlxd.engine.fleet.slots import Slots
 from mlxd.engine.fleet.unloading import Unloads
@@ -60,7 +61,7 @@ class Room:
                 if queue[0] is slot:
                     if slots.pool.reserve(slot.id, need):
                         return
-                    victim = self._victim(slot)
+                    victim = idle_victim(slots, {slot.id})
                     if victim is not None:
                         detail = f"to make room for {slot.id}"
                         await asyncio.shield(self._unloads.start(victim, "evicted", detail))
@@ -72,15 +73,6 @@ class Room:
         finally:
             queue.remove(slot)
             slots.notify()
-
-    def _victim(self, loading: Slot) -> Slot | None:
-        """The least recently used loaded model that nobody uses and nobody pinned."""
-        idle = [
-            s
-            for s in self._slots.by_id.values()
-            if s is not loading and s.state == "loaded" and not s.pinned and not s.busy
-        ]
-        return min(idle, key=lambda s: s.last_used or 0.0, default=None)
 
     def _wait_reason(self, need: int) -> str:
         slots = self._slots

@@ -39,6 +39,10 @@ def budget_bytes(settings: Settings, device_bytes: int) -> int:
 
 def estimate_weights(entry: ModelEntry) -> int:
     """The weights' bytes before loading: the size of the safetensors files."""
+    if entry.path is None and entry.kind == "embedding":
+        from mlxd.demo.embedding import ESTIMATED_BYTES, demo_embedding_dir
+
+        return _files_bytes(demo_embedding_dir()) or ESTIMATED_BYTES
     if entry.path is None:
         from mlxd import demo
 

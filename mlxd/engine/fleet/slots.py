@@ -32,6 +32,20 @@ if TYPE_CHECKING:
 TICK_S = 1.0
 
 
+# Where each kind is served, and what to do when the config has no model of a kind.
+_ROUTES = {
+    "chat": "/v1/chat/completions, /v1/completions, /v1/responses or /v1/messages",
+    "embedding": "/v1/embeddings",
+}
+_NONE_OF_KIND = {
+    "chat": "This server has no chat model. Add a [models.<id>] table with a path "
+    "(docs/configuration.md#modelsid).",
+    "embedding": "This server has no embedding model. Add one: a [models.<id>] table with "
+    'kind = "embedding" and a path, or the built-in demo: [models.minilm] kind = '
+    '"embedding" with no path (docs/configuration.md#embedding-models).',
+}
+
+
 @dataclass(frozen=True)
 class EngineMaker:
     """How the fleet builds one kind's engines: ``make(settings, model_id, pool, at_start)``."""
@@ -91,9 +105,13 @@ class Slots:
             raise FleetRefusal(
                 Failed(
                     "model_not_found",
-                    f"The model '{name or ''}' does not exist. This server serves "
-                    + (", ".join(f"'{i}'" for i in ids) or f"no {kind} models")
-                    + " (see /v1/models).",
+                    (
+                        f"The model '{name or ''}' does not exist. This server serves "
+                        + ", ".join(f"'{i}'" for i in ids)
+                        + " (see /v1/models)."
+                        if ids
+                        else _NONE_OF_KIND[kind]
+                    ),
                     404,
                     param="model",
                 )
@@ -118,18 +136,18 @@ class Slots:
         return slot
 
     def _kind_message(self, slot: Slot) -> str:
-        by_kind: dict[str, list[str]] = {}
-        for i, s in self.by_id.items():
-            if not s.removed:
-                by_kind.setdefault(s.entry.kind, []).append(i)
-        where = {"chat": "the chat routes", "embedding": "/v1/embeddings"}
-        served = "; ".join(
-            f"{where[k]} serve{'s' if k == 'embedding' else ''} {', '.join(ids)}"
-            for k, ids in sorted(by_kind.items())
+        """A model of the other kind: where it is served, and what this route serves."""
+        wanted = "chat" if slot.entry.kind == "embedding" else "embedding"
+        ids = [i for i, s in self.by_id.items() if not s.removed and s.entry.kind == wanted]
+        here = (
+            f"This route serves the {wanted} models: {', '.join(ids)}."
+            if ids
+            else _NONE_OF_KIND[wanted]
         )
+        article = "an" if slot.entry.kind == "embedding" else "a"
         return (
-            f"'{slot.id}' is a{'n' if slot.entry.kind == 'embedding' else ''} "
-            f"{slot.entry.kind} model, served at {where[slot.entry.kind]}. {served}."
+            f"'{slot.id}' is {article} {slot.entry.kind} model: send it to "
+            f"{_ROUTES[slot.entry.kind]}. {here}"
         )
 
     # ------------------------------------------------------------ events and the signal

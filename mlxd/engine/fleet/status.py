@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from mlxd.config.registry import default_id
+from mlxd.engine.fleet.fit import over_budget
 from mlxd.engine.fleet.memory import PoolUsage
 from mlxd.engine.fleet.slot import Slot
 from mlxd.engine.fleet.slots import Slots
@@ -46,6 +47,7 @@ def fleet_view(slots: Slots) -> FleetStatus:
         events=tuple(slots.events),
         memory_queue=tuple(s.id for s in slots.memory_queue),
         event_totals=tuple((m, k, n) for (m, k), n in slots.event_totals.items()),
+        over_budget=over_budget(slots),
     )
 
 

@@ -33,11 +33,16 @@ class FleetApplied:
     """What a reload did to the fleet, beyond the changes that simply took effect.
 
     ``failed``: model id -> why its swap failed (the previous model serves);
-    ``kept``: model id -> a live change it could not take, and what it keeps.
+    ``kept``: model id -> a live change it could not take, and what it keeps;
+    ``evicted``: idle unpinned models unloaded to fit a lowered ``[memory] budget``;
+    ``over_budget``: why the loaded models still fill the budget (pinned or busy
+    ones), or None.
     """
 
     failed: dict[str, str] = field(default_factory=dict)
     kept: dict[str, str] = field(default_factory=dict)
+    evicted: tuple[str, ...] = ()
+    over_budget: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,8 @@ class FleetStatus:
     memory_queue: tuple[str, ...] = ()
     # Every event since start, counted: (model, kind, count).
     event_totals: tuple[tuple[str, str, int], ...] = ()
+    # Why no request can be admitted: the reservations fill the budget (else None).
+    over_budget: str | None = None
 
     @property
     def free_bytes(self) -> int:
@@ -111,6 +118,7 @@ class FleetStatus:
             "used_bytes": self.used_bytes,
             "free_bytes": self.free_bytes,
             "memory_queue": list(self.memory_queue),
+            "over_budget": self.over_budget,
             "models": [m.as_dict() for m in self.models],
             "events": [asdict(e) for e in self.events],
         }

@@ -76,15 +76,30 @@ class KvRoom:
             )
         pool = self.pool
         assert pool is not None
+        cache = self.cause(needed) == self.cache_key
+        of_it = (
+            f", {format_bytes(pool.cache_cap)} of it for this model's prompt cache "
+            f"({self.cache_key})"
+            if cache
+            else ""
+        )
+        if pool.ceiling == 0:
+            return (
+                f"{head}, but [memory] budget ({format_bytes(pool.budget)}) is over-committed: "
+                f"the loaded models reserve {format_bytes(pool.reserved)} for weights and prompt "
+                f"caches{of_it}, which leaves no KV room for any request, and no idle unpinned "
+                "model is left to unload. Raise [memory] budget, "
+                + (f"lower {self.cache_key}, " if cache else "")
+                + "or unpin or unload a model."
+            )
         where = (
             f"more than the {have} of KV room that [memory] budget ({format_bytes(pool.budget)}) "
             f"leaves: the loaded models reserve {format_bytes(pool.reserved)} for weights and "
             "prompt caches"
         )
-        if self.cause(needed) == self.cache_key:
+        if cache:
             return (
-                f"{head}, {where}, {format_bytes(pool.cache_cap)} of it for this model's prompt "
-                f"cache ({self.cache_key}). {shorten} lower {self.cache_key} or raise "
+                f"{head}, {where}{of_it}. {shorten} lower {self.cache_key} or raise "
                 "[memory] budget."
             )
         return f"{head}, {where}. {shorten} raise [memory] budget or unload other models."
