@@ -85,7 +85,7 @@ class MessagesController(Controller):
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, CountTokensRequest)
         async with held(mlxd, req.model) as lease:
-            gen = count_tokens_request(req, info=lease.info)
+            gen = count_tokens_request(req, lease.settings, info=lease.info)
             # The prompt the real request runs: the same volatile rules apply.
             gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
             check_values(lease.info, gen)

@@ -176,6 +176,8 @@ def model_json(model: ModelState) -> dict[str, Any]:
             "tool_choice_required": tool_format in TOOL_GRAMMAR_FORMATS,
             "structured_output": caps.get("structured_output", False),
             "reasoning": caps.get("reasoning", False),
+            # A vision-language model: chat prompts may carry images.
+            "vision": caps.get("vision", False),
         }
     elif model.kind == "embedding" and caps:
         out["dimensions"] = caps.get("dimensions")

@@ -26,6 +26,7 @@ from mlxd.engine.chat.sampling import (
     guard_processor,
     guard_sampler,
 )
+from mlxd.engine.chat.vision import guard_tokens, hold, let_go
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,11 @@ class BatchLane:
         """
         sampler = build_sampler(row.request, self._loaded.info.vocab_size)
         processors = build_processors(row.request, faults=self._faults, constraint=row.matcher)
+        if row.images is not None:
+            processors = [guard_tokens(p, row.images.placeholder) for p in processors]
         start = len(row.prompt) - len(rest)
+        # The vision tower runs here, between two steps, for images still to prefill.
+        hold(self._loaded.model, row, rest)
         self.lone = not self.rows
         (uid,) = self._gen.insert_segments(
             [segments(rest, start, [p for p, _ in row.checkpoints])],
@@ -144,6 +149,7 @@ class BatchLane:
             row = self.rows.get(r.uid)
             if row is None:
                 continue
+            let_go(self._loaded.model, row)
             if r.finish_reason is not None:
                 del self.rows[r.uid]
             out.append(
@@ -168,7 +174,7 @@ class BatchLane:
         """Take rows out before they finish (stop string, cancel, failure)."""
         uids = [r.uid for r in rows if r.uid in self.rows]
         for uid in uids:
-            del self.rows[uid]
+            let_go(self._loaded.model, self.rows.pop(uid))
         if not uids:
             return {}
         return self._gen.remove(uids, return_prompt_caches=return_caches)
@@ -177,6 +183,8 @@ class BatchLane:
         """Drop every row and start a fresh generator (after a failed step)."""
         rows = list(self.rows.values())
         self.rows.clear()
+        for row in rows:
+            let_go(self._loaded.model, row)
         try:
             self._gen.close()
         except Exception:  # the old generator is beyond use either way

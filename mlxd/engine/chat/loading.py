@@ -25,6 +25,7 @@ from mlxd.engine.policy.lanes import Capabilities
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.grammar import Grammars
+    from mlxd.engine.chat.vision_intake import Processor
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class LoadedModel:
     cache_classes: tuple[str, ...] = ()
     # Every layer's cache can be cut back to any prefix (KVCache): no checkpoints needed.
     rewindable: bool = False
+    # A vision-language model's processor (mlxd.engine.chat.vision_intake), else None.
+    vision: Processor | None = None
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
@@ -212,8 +215,11 @@ def load_model(
         overrides["chat_template"] = _read_template(settings.chat_template)
     if settings.tool_parser:
         overrides["tool_parser_type"] = settings.tool_parser
+    vision = None
     try:
-        if loader is not None:
+        if loader is None and wants_vision(settings, path):
+            model, tokenizer, config, vision = _load_vision(path, overrides)
+        elif loader is not None:
             model, tokenizer, config = loader(str(path), overrides)
         else:
             # With return_config, mlx_lm.load returns three values (its annotation allows two).
@@ -221,16 +227,29 @@ def load_model(
                 "tuple[Any, Any, dict[str, Any]]",
                 mlx_load(str(path), tokenizer_config=overrides, return_config=True),
             )
+    except ModelLoadError:
+        raise
     except Exception as exc:
         name = "sharded_load" if loader is not None else "mlx_lm.load"
         raise ModelLoadError(f"{name}({str(path)!r}) failed: {exc}") from exc
 
-    declared = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    text_config = config.get("text_config") or {}
+    declared = (
+        config.get("max_position_embeddings")
+        or config.get("max_seq_len")
+        or text_config.get("max_position_embeddings")
+        or 4096
+    )
     context = settings.max_context or int(declared)
     # mlx.utils is unannotated: a sum of ints from 0 is an int.
+    # A vision model's weights include the vision tower's and the projector's.
     weights = cast(
         int,
-        tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0),
+        tree_reduce(
+            lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc,
+            model.vlm if vision is not None else model,
+            0,
+        ),
     )
     layout, logits_width = measure_layout(model)
     fresh = make_prompt_cache(model)
@@ -254,11 +273,13 @@ def load_model(
         max_token_chars=max_token_chars(tokenizer),
         dtype=describe_dtype(model, config),
         weights_bytes=weights,
+        vision=vision is not None,
     )
     logger.info(
-        "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, KV cache layers: %s; %s",
+        "loaded %s (%s%s, %s) in %.1fs: context %d, %d MiB of weights, KV cache layers: %s; %s",
         model_id,
         info.family,
+        ", vision" if vision is not None else "",
         path,
         time.perf_counter() - started,
         context,
@@ -279,7 +300,43 @@ def load_model(
         grammars=grammars,
         cache_classes=cache_classes,
         rewindable=rewindable,
+        vision=vision,
     )
+
+
+def wants_vision(settings: ModelSettings, path: Path) -> bool:
+    """Load through mlx-vlm: ``vision = true``, or unset and the config has a vision part."""
+    if settings.vision is not None:
+        return settings.vision
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
+def _load_vision(path: Path, overrides: dict[str, Any]) -> tuple[Any, Any, dict, Processor]:
+    """A vision-language model through mlx-vlm, its language model shaped for mlx-lm."""
+    from mlx_lm.utils import load_config, load_tokenizer
+
+    from mlxd.engine.chat.vision import VisionLM, VisionLoadError, load_vlm
+    from mlxd.engine.chat.vision_intake import processor_parts
+
+    try:
+        vlm, processor = load_vlm(str(path))
+        model = VisionLM(vlm)
+        model.make_cache()  # refuses a language model whose caches mlxd cannot batch
+        parts = processor_parts(processor)
+    except (VisionLoadError, ValueError) as exc:
+        raise ModelLoadError(str(exc)) from exc
+    config = load_config(path)
+    eos = config.get("eos_token_id") or (config.get("text_config") or {}).get("eos_token_id")
+    tokenizer = load_tokenizer(
+        path, overrides, eos_token_ids=[eos] if isinstance(eos, int) else eos
+    )
+    return model, tokenizer, config, parts
 
 
 def describe_dtype(model: Any, config: dict[str, Any]) -> str:

@@ -82,6 +82,10 @@ class Row:
     # Why a queued row counts as stalled (refused on an idle lane; see
     # mlxd.engine.policy.stalls); admission then looks past it.
     stalled: str | None = None
+    # The prompt's images (mlxd.engine.chat.vision_intake.ImageSet), registered with
+    # the vision model while the row prefills.
+    images: Any = None
+    images_held: bool = False
 
     @property
     def id(self) -> str:

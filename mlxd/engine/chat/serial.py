@@ -33,6 +33,7 @@ from mlxd.engine.chat.sampling import (
     guard_processor,
     guard_sampler,
 )
+from mlxd.engine.chat.vision import guard_tokens, hold, let_go
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class SerialRun:
         self.cache = cache if cache is not None else make_prompt_cache(loaded.model)
         sampler = build_sampler(row.request, loaded.info.vocab_size)
         processors = build_processors(row.request, faults=faults, constraint=row.matcher)
+        if row.images is not None:
+            processors = [guard_tokens(p, row.images.placeholder) for p in processors]
         if row.request.sampling.seed is not None:
             # The serial lane runs alone, so the global generator is this row's.
             mx.random.seed(row.request.sampling.seed)
@@ -102,6 +105,7 @@ class SerialRun:
             guarded = [_with_history(before, p) for p in guarded]
         self._done = 0
         self._total = len(rest)
+        hold(self._model, row, rest)  # the vision tower, for images still to prefill
         self._steps = self._generate(parts[:-1], marks, start)
         self._tail = generate_step(
             mx.array(last),
@@ -178,6 +182,7 @@ class SerialRun:
             )
         if out is None:
             return self._end(started, prefill, "length")
+        let_go(self._model, row)  # the prefill is over
         # mlx-lm yields the token as an int (its annotation says array).
         token, logprobs = int(out[0]), out[1]
         is_eos = token in eos_ids
@@ -209,6 +214,7 @@ class SerialRun:
         return SerialStep(time.perf_counter() - started, prefill, ended=ended, **kw)
 
     def close(self) -> None:
+        let_go(self._model, self.row)
         self._steps.close()
         self._tail.close()
 

@@ -1,0 +1,212 @@
+"""A vision-language model served as a text model whose prompts may hold images.
+
+mlx-vlm loads the model (vision tower, projector, language model) and its
+processor. mlxd drives the LANGUAGE model with mlx-lm's own machinery (the
+batch generator, the serial lane, the prompt cache), through
+:class:`VisionLM`: an mlx-lm-shaped model whose token ids may include
+*virtual ids* (``>= VIRTUAL_BASE``), one per image token, derived from a
+hash of the image's pixels (:mod:`mlxd.engine.chat.vision_intake`). The
+prompt cache keys prompts by token ids, so the same image yields the same
+ids (a second turn reuses its prefill) and a different image never does.
+
+Before a row with images prefills, its :class:`ImageSet` is *registered*:
+the vision tower runs once, on the engine thread, between two steps, and
+its output embeddings are kept by virtual id. A forward pass whose tokens
+hold virtual ids gets the text embeddings for the ordinary ids and the
+image embeddings for the virtual ones, and runs the language model on
+``inputs_embeds``. A set is released when its row's prefill is over.
+
+Everything here runs on the engine thread.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from mlxd.engine.chat.vision_intake import VIRTUAL_BASE, ImageSet
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'mlxd[embeddings]'"
+
+
+class VisionLoadError(Exception):
+    """mlx-vlm is missing or cannot load the model; the message says what to do."""
+
+
+def load_vlm(path: str) -> tuple[Any, Any]:
+    """``mlx_vlm.load(path)``: the model and its processor.
+
+    Raises:
+        VisionLoadError: mlx-vlm is not installed (with the install command),
+            or it cannot load this directory.
+    """
+    try:
+        from mlx_vlm.utils import load
+    except ImportError as exc:
+        raise VisionLoadError(
+            f"this model is a vision-language model, which needs mlx-vlm: {INSTALL_HINT} "
+            f"(or set vision = false to serve it as text only) ({exc})"
+        ) from exc
+    try:
+        return load(path)
+    except Exception as exc:
+        raise VisionLoadError(f"mlx_vlm.load({path!r}) failed: {exc}") from exc
+
+
+def _mlx_lm_cache(cache: Any) -> Any:
+    """mlx-vlm's cache object as the mlx-lm cache with the same behaviour (batchable)."""
+    from mlx_lm.models import cache as lm_cache
+
+    name = type(cache).__name__
+    if name == "KVCache":
+        return lm_cache.KVCache()
+    if name == "RotatingKVCache":
+        return lm_cache.RotatingKVCache(max_size=cache.max_size, keep=getattr(cache, "keep", 0))
+    raise VisionLoadError(
+        f"mlxd's vision path serves attention caches only (KVCache, RotatingKVCache); "
+        f"this model's language model uses {name}"
+    )
+
+
+class VisionLM:
+    """The language model of a mlx-vlm model, shaped like an mlx-lm model.
+
+    ``model(ids, cache=...)`` returns logits; virtual ids in ``ids`` are
+    replaced by the registered images' embeddings.
+    """
+
+    def __init__(self, vlm: Any):
+        self.vlm = vlm
+        self.language_model = vlm.language_model
+        self._embed = vlm.language_model.model.embed_tokens
+        # virtual id -> (its set, row in the set's features)
+        self._by_id: dict[int, tuple[ImageSet, int]] = {}
+        # set key -> (the set, how many rows hold it)
+        self._held: dict[str, tuple[ImageSet, int]] = {}
+        # Seconds the vision tower took, per registration (the dashboard's and benchmark's).
+        self.last_encode_s = 0.0
+
+    @property
+    def layers(self) -> list[Any]:
+        return self.language_model.layers
+
+    def make_cache(self) -> list[Any]:
+        make = getattr(self.language_model, "make_cache", None)
+        if make is None:
+            from mlx_lm.models.cache import KVCache
+
+            return [KVCache() for _ in self.layers]
+        return [_mlx_lm_cache(c) for c in make()]
+
+    @property
+    def holding(self) -> int:
+        """Image sets registered now (rows with images still prefilling)."""
+        return len(self._held)
+
+    def register(self, images: ImageSet) -> None:
+        """Run the vision tower for ``images`` (unless held already) and keep its embeddings."""
+        held = self._held.get(images.key)
+        if held is not None:
+            self._held[images.key] = (held[0], held[1] + 1)
+            return
+        if images.features is None:
+            started = time.perf_counter()
+            images.features = self._encode(images)
+            self.last_encode_s = time.perf_counter() - started
+        for row, vid in enumerate(images.ids):
+            self._by_id[vid] = (images, row)
+        self._held[images.key] = (images, 1)
+
+    def release(self, images: ImageSet) -> None:
+        held = self._held.get(images.key)
+        if held is None:
+            return
+        if held[1] > 1:
+            self._held[images.key] = (held[0], held[1] - 1)
+            return
+        del self._held[images.key]
+        for vid in held[0].ids:
+            self._by_id.pop(vid, None)
+
+    def _encode(self, images: ImageSet) -> mx.array:
+        n = len(images.ids)
+        ids = mx.array([[images.placeholder] * n])
+        kwargs = {k: mx.array(v) for k, v in images.inputs.items()}
+        pixels = kwargs.pop("pixel_values", None)
+        if "mask" in inspect.signature(self.vlm.get_input_embeddings).parameters:
+            kwargs.setdefault("mask", mx.ones(ids.shape, dtype=mx.int32))  # gemma3 wants one
+        out = self.vlm.get_input_embeddings(ids, pixels, **kwargs)
+        features = out.inputs_embeds[0]
+        if features.shape[0] != n:
+            raise ValueError(f"the vision tower gave {features.shape[0]} embeddings for {n} tokens")
+        mx.eval(features)
+        return features
+
+    def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
+        if self._by_id and kwargs.get("input_embeddings") is None:
+            embeds = self._embeddings(inputs)
+            if embeds is not None:
+                out = self.language_model(
+                    mx.where(inputs >= VIRTUAL_BASE, 0, inputs), inputs_embeds=embeds, cache=cache
+                )
+                return out.logits
+        out = self.language_model(inputs, cache=cache)
+        return out.logits
+
+    def _embeddings(self, inputs: mx.array) -> mx.array | None:
+        """Text embeddings with the virtual ids' image embeddings in place, or None."""
+        ids = np.array(inputs, copy=False)
+        where = np.flatnonzero(ids.reshape(-1) >= VIRTUAL_BASE)
+        if where.size == 0:
+            return None
+        flat = ids.reshape(-1)
+        text = self._embed(mx.array(np.where(ids >= VIRTUAL_BASE, 0, ids)))
+        shape = text.shape
+        rows = []
+        for pos in where.tolist():
+            found = self._by_id.get(int(flat[pos]))
+            if found is None:  # never expected: a virtual id without its image
+                raise RuntimeError("a prompt holds an image whose embeddings are not registered")
+            images, row = found
+            assert images.features is not None
+            rows.append(images.features[row])
+        table = mx.stack(rows).astype(text.dtype)
+        merged = text.reshape(-1, shape[-1])
+        merged[mx.array(where)] = table
+        return merged.reshape(shape)
+
+
+def hold(model: Any, row: Any, rest: list[int]) -> None:
+    """Register ``row``'s images when the part of its prompt still to prefill holds any.
+
+    A prompt-cache hit that covers every image token needs no vision tower at all.
+    """
+    if row.images is None or row.images_held or not isinstance(model, VisionLM):
+        return
+    if not any(t >= VIRTUAL_BASE for t in rest):
+        return
+    model.register(row.images)
+    row.images_held = True
+
+
+def let_go(model: Any, row: Any) -> None:
+    """Release ``row``'s images (its prefill is over, or it left)."""
+    if row.images_held and isinstance(model, VisionLM):
+        model.release(row.images)
+    row.images_held = False
+
+
+def guard_tokens(processor: Any, placeholder: int) -> Any:
+    """``processor`` seeing each virtual id as the image token (penalties index logits by id)."""
+
+    def processor_without_virtual(tokens: mx.array, logits: mx.array) -> mx.array:
+        return processor(mx.where(tokens >= VIRTUAL_BASE, placeholder, tokens), logits)
+
+    return processor_without_virtual

@@ -1,0 +1,167 @@
+"""Vision-language models in the engine: images in the batch, the prompt cache, bad images.
+
+Two tiny families built with mlx-vlm's own classes (:mod:`tests.support.tinyvlms`): llava
+(CLIP tower, full-attention llama) and gemma3 (SigLIP tower, sliding-window layers). Greedy
+and float32, an image row must generate the same tokens batched beside text rows as alone;
+a second turn about the same image must hit the prompt cache (and skip the vision tower),
+a different image of the same size must not.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from PIL import Image
+
+from mlxd.engine.images import ImageLimits, from_base64
+from mlxd.engine.messages import ChatPrompt, Failed, Finished, GenerationRequest
+from tests.support.engine import run_all, running_engine
+from tests.support.tinyvlms import tiny_vlm_dir
+
+LIMITS = ImageLimits(max_bytes=1 << 20, max_pixels=1 << 20, max_images=8)
+MAX_TOKENS = 12
+
+
+def png(color: tuple[int, int, int], size: tuple[int, int] = (28, 28), *, stripe: int = 0) -> bytes:
+    image = Image.new("RGB", size, color)
+    for x in range(0, size[0], 4):
+        for y in range(size[1]):
+            image.putpixel((x, y), (stripe, 255 - stripe, stripe // 2))
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def part(data: bytes, where: str = "messages[0].content[1]"):
+    return from_base64(base64.b64encode(data).decode(), None, where, LIMITS)
+
+
+def image_request(rid: str, data: bytes, text: str = "what is in this picture?", *, turns=()):
+    content = [{"type": "text", "text": text}, {"type": "image", "image": 0}]
+    messages = (*turns, {"role": "user", "content": content})
+    return GenerationRequest(rid, ChatPrompt(messages, images=(part(data),)), MAX_TOKENS)
+
+
+def text_request(rid: str, text: str) -> GenerationRequest:
+    return GenerationRequest(rid, ChatPrompt(({"role": "user", "content": text},)), MAX_TOKENS)
+
+
+RED = png((200, 10, 10), stripe=30)
+BLUE = png((10, 10, 200), stripe=220)
+
+
+@pytest.fixture(scope="module", params=["llava", "gemma3"])
+def vlm(request):
+    return tiny_vlm_dir(request.param)
+
+
+def test_image_rows_batched_beside_text_rows_generate_what_they_do_alone(vlm):
+    with running_engine(vlm, batch={"size": 4}, prompt_cache={"max_entries": 0}) as engine:
+        info = engine.info
+        assert info is not None and info.vision and info.batchable
+        alone = [
+            run_all(engine, [r])[0]
+            for r in (image_request("a", RED), image_request("b", BLUE), text_request("t", "hello"))
+        ]
+        together = run_all(
+            engine,
+            [
+                image_request("a2", RED),
+                text_request("t2", "hello"),
+                image_request("b2", BLUE),
+                text_request("t3", "the river runs past the mill"),
+            ],
+        )
+    assert all(o.ok for o in alone + together), [o.end for o in alone + together]
+    assert {o.accepted.lane for o in together} == {"batch"}  # type: ignore[union-attr]
+    assert [together[0].tokens, together[2].tokens, together[1].tokens] == [
+        alone[0].tokens,
+        alone[1].tokens,
+        alone[2].tokens,
+    ]
+    # The image changes the answer: two images, two different continuations.
+    assert alone[0].tokens != alone[1].tokens
+    # Image tokens count in the prompt.
+    end = together[0].end
+    assert isinstance(end, Finished) and end.usage.prompt_tokens > 4
+
+
+def test_a_second_turn_about_the_same_image_reuses_its_prefill(vlm):
+    with running_engine(vlm, batch={"size": 4}, prompt_cache={"disk": False}) as engine:
+        (first,) = run_all(engine, [image_request("one", RED)])
+        assert first.ok
+        answer = first.text
+        turns = (
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is in this picture?"},
+                    {"type": "image", "image": 0},
+                ],
+            },
+            {"role": "assistant", "content": answer},
+        )
+        again = GenerationRequest(
+            "two",
+            ChatPrompt(
+                (*turns, {"role": "user", "content": "and its colour?"}), images=(part(RED),)
+            ),
+            MAX_TOKENS,
+        )
+        other = GenerationRequest(
+            "three",
+            ChatPrompt(
+                (*turns, {"role": "user", "content": "and its colour?"}), images=(part(BLUE),)
+            ),
+            MAX_TOKENS,
+        )
+        (second,) = run_all(engine, [again])
+        (third,) = run_all(engine, [other])
+    assert second.ok and third.ok
+    assert isinstance(second.end, Finished) and isinstance(third.end, Finished)
+    lookup2, lookup3 = second.end.lookup, third.end.lookup
+    assert lookup2 is not None and lookup3 is not None
+    # The first turn's prompt (image included) was served from the cache...
+    assert second.end.usage.cached_tokens >= first.end.usage.prompt_tokens - 1  # type: ignore[union-attr]
+    # ...and a different image of the same size diverges where its image tokens start.
+    assert third.end.usage.cached_tokens < second.end.usage.cached_tokens
+    assert lookup3.diverged_at is not None and lookup3.diverged_at < lookup2.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    "data, what",
+    [
+        (png((1, 2, 3))[:60], "cannot be"),
+        (b"GIF89a" + b"\x00" * 20, "cannot be"),
+    ],
+)
+def test_an_image_that_does_not_decode_is_refused_naming_its_part(vlm, data, what):
+    from mlxd.engine.images import ImageError
+
+    try:
+        image = part(data)
+    except ImageError as exc:  # the header is already unreadable: the HTTP side's 400
+        assert what in str(exc)
+        return
+    request = GenerationRequest(
+        "bad",
+        ChatPrompt(
+            ({"role": "user", "content": [{"type": "image", "image": 0}]},), images=(image,)
+        ),
+        4,
+    )
+    with running_engine(vlm) as engine:
+        (out,) = run_all(engine, [request])
+    assert isinstance(out.accepted, Failed) and out.accepted.status == 400
+    assert out.accepted.param == "messages[0].content[1]"
+    assert what in out.accepted.message
+
+
+def test_a_text_model_refuses_an_image(tiny_models):
+    with running_engine(tiny_models("llama")) as engine:
+        (out,) = run_all(engine, [image_request("x", RED)])
+    assert isinstance(out.accepted, Failed) and out.accepted.status == 400
+    assert out.accepted.param == "messages[0].content[1]"
+    assert "does not take images" in out.accepted.message
