@@ -290,6 +290,8 @@ ErrorCode = Literal[
     "cancelled",
     "generation_error",
     "invalid_request",
+    # An image part that cannot be taken (undecodable, over a limit, or a text model's).
+    "invalid_image",
     # A tool_choice the model's tool-call format has no grammar for (StructureError).
     "tool_format_unsupported",
     "invalid_schema",

@@ -128,6 +128,8 @@ def test_a_second_turn_about_the_same_image_reuses_its_prefill(vlm):
     # ...and a different image of the same size diverges where its image tokens start.
     assert third.end.usage.cached_tokens < second.end.usage.cached_tokens
     assert lookup3.diverged_at is not None and lookup3.diverged_at < lookup2.prompt_tokens
+    # The text around the divergence shows the image as a marker, not virtual token ids.
+    assert lookup3.after.startswith("[image]"), lookup3.after
 
 
 @pytest.mark.parametrize(

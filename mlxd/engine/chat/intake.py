@@ -93,10 +93,12 @@ def tokenize_with_images(
     prompt = request.prompt
     if isinstance(prompt, ChatPrompt) and prompt.images:
         if loaded.vision is None:
+            where = prompt.images[0].where
             raise IntakeError(
-                f"the model '{loaded.info.id}' does not take images (it is not a "
+                f"{where}: the model '{loaded.info.id}' does not take images (it is not a "
                 "vision-language model); send text only, or ask a vision model",
-                param=prompt.images[0].where,
+                code="invalid_image",
+                param=where,
             )
         ids, images = tokenize_images(loaded.vision, tokenizer, prompt)
         if not ids:

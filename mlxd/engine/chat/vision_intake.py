@@ -130,13 +130,16 @@ def tokenize_images(
     try:
         pictures = [decode(part) for part in prompt.images]
     except ImageError as exc:
-        raise IntakeError(str(exc), param=exc.param) from exc
+        raise IntakeError(f"{exc.param}: {exc}", code="invalid_image", param=exc.param) from exc
     text = render(tokenizer, prompt, parts.marker, len(pictures))
     try:
         out = parts.processor(text=[text], images=pictures, return_tensors="np")
     except Exception as exc:
+        where = prompt.images[0].where
         raise IntakeError(
-            f"the model's processor cannot take these images: {exc}", param=prompt.images[0].where
+            f"{where}: the model's processor cannot take these images: {exc}",
+            code="invalid_image",
+            param=where,
         ) from exc
     ids = [int(t) for t in np.asarray(out["input_ids"])[0].tolist()]
     inputs = {
@@ -199,3 +202,24 @@ def _digests(
 def _id_hash(digest: bytes, index: int) -> int:
     h = hashlib.blake2b(digest + index.to_bytes(4, "little"), digest_size=8).digest()
     return int.from_bytes(h, "little") % VIRTUAL_BASE
+
+
+def decode_text(tokenizer: Any, ids: list[int]) -> str:
+    """``ids`` as text, each run of an image's virtual ids shown as ``[image]``."""
+    out: list[str] = []
+    run: list[int] = []
+    image = False
+    for t in ids:
+        if t >= VIRTUAL_BASE:
+            if run:
+                out.append(tokenizer.decode(run))
+                run = []
+            if not image:
+                out.append("[image]")
+            image = True
+        else:
+            run.append(t)
+            image = False
+    if run:
+        out.append(tokenizer.decode(run))
+    return "".join(out)
