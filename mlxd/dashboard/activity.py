@@ -52,6 +52,8 @@ def active_rows(s: dict[str, Any], now: float) -> Formatted:
                 "kv": human_bytes(r["kv_bytes"]),
                 "projected_kv": human_bytes(r["projected_kv_bytes"]),
                 "constraint": r.get("constraint"),
+                "images": r.get("images") or 0,
+                "image_tokens": count(r.get("image_tokens") or 0),
                 "output": r.get("output") if r.get("output") not in (None, "answer") else None,
             }
         )

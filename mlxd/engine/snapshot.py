@@ -56,6 +56,9 @@ class RunningRow:
     constraint: str | None = None
     # Where the output is: "answer", "reasoning" (inside think markers) or "tool" (a call).
     output: str = "answer"
+    # Images in the prompt (a vision-language model's), and the prompt tokens they take.
+    images: int = 0
+    image_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -329,3 +329,53 @@ def test_a_text_model_refuses_an_image_on_each_api(daemon):
                 }
             ],
         )
+
+
+@pytest.mark.browser
+def test_the_dashboard_shows_an_image_row(daemon, pages, tmp_path):
+    """A running image row carries its image badge; MLXD_SCREENSHOT=1 saves docs/img's shot."""
+    import os
+    import threading
+
+    from tests.support import ROOT
+
+    body = chat_body(data_url(BLUE), "tell me everything about this picture")
+    body.update(max_tokens=3000, stream=True)
+    stop = threading.Event()
+
+    def run() -> None:
+        with daemon.client() as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    break
+
+    texts = [
+        threading.Thread(target=run, daemon=True),
+        threading.Thread(
+            target=lambda: daemon.client().post(
+                "/v1/chat/completions",
+                json={
+                    "model": "vlm",
+                    "max_tokens": 2000,
+                    "messages": [{"role": "user", "content": "a story"}],
+                },
+            ),
+            daemon=True,
+        ),
+    ]
+    for t in texts:
+        t.start()
+    try:
+        page = pages(viewport={"width": 1280, "height": 900})
+        page.goto(f"{daemon.url}/dashboard")
+        badge = page.locator("#active-rows [data-field=images]").first
+        badge.wait_for(timeout=20_000)
+        assert badge.inner_text() == "1 image"
+        screenshot = os.environ.get("MLXD_SCREENSHOT") == "1"
+        shot = ROOT / "docs" / "img" / "dashboard-vision.png" if screenshot else tmp_path / "v.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+    finally:
+        stop.set()
+        for t in texts:
+            t.join(timeout=60)

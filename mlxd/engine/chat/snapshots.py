@@ -39,6 +39,8 @@ def _running_row(row: Row, now: float, kv_bytes: int, projected: int) -> Running
         projected_kv_bytes=projected,
         constraint=row.request.constraint.kind if row.request.constraint else None,
         output={"normal": "answer"}.get(row.output.phase, row.output.phase),
+        images=row.images.count if row.images is not None else 0,
+        image_tokens=len(row.images.ids) if row.images is not None else 0,
     )
 
 
