@@ -17,8 +17,8 @@ vision tower runs between two steps, once per image set, so the image column sho
 stay near the text column (the gap of one prefill chunk).
 
 Usage: ``python benchmarks/vision.py [--model DIR] [--concurrency 1,2,4,8]
-[--max-tokens 32] [--image-size 28] [--repeats 3] [--no-peer]``. Without ``--model`` it uses the tiny
-random-weight gemma3 of the tests (built locally; mlx_vlm.server's llava path fails on
+[--max-tokens 32] [--image-size 28] [--repeats 3] [--no-peer]``. Without ``--model`` it
+uses the tiny random-weight gemma3 of the tests (built locally; mlx_vlm.server's llava path fails on
 transformers 5 with this processor). A Markdown table goes to stdout, progress to stderr.
 """
 
