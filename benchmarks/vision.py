@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import io
 import itertools
 import logging
@@ -72,10 +73,12 @@ def chat_body(model: str, max_tokens: int, url: str | None, text: str) -> dict[s
     }
 
 
-async def stream(client: Any, base: str, body: dict[str, Any]) -> dict[str, Any]:
+async def stream(
+    client: Any, base: str, body: dict[str, Any], chunks: list[float] | None = None
+) -> dict[str, Any]:
     """One streaming request: when it was sent, its chunks' arrival times, its tokens."""
     sent = time.perf_counter()
-    chunks: list[float] = []
+    chunks = [] if chunks is None else chunks
     async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             await r.aread()
@@ -113,8 +116,11 @@ async def stall(base: str, model: str, args: argparse.Namespace, images: bool, s
 
     async with httpx.AsyncClient(timeout=600) as client:
         long_body = chat_body(model, args.stall_tokens, None, "tell a long story")
-        task = asyncio.create_task(stream(client, base, long_body))
+        chunks: list[float] = []
+        task = asyncio.create_task(stream(client, base, long_body, chunks))
         await asyncio.sleep(args.stall_delay)
+        if task.done():
+            raise RuntimeError("the long stream ended before the joiners: raise --stall-tokens")
         if images:
             bodies = [
                 chat_body(model, 4, image_url(seed + i, args.image_size), "describe it")
@@ -127,8 +133,10 @@ async def stall(base: str, model: str, args: argparse.Namespace, images: bool, s
         joined = time.perf_counter()
         await asyncio.gather(*(stream(client, base, b) for b in bodies))
         done = time.perf_counter()
-        result = await task
-    chunks = result["chunks"]
+        await asyncio.sleep(0.3)
+        task.cancel()  # closing the stream cancels its row
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     gaps = [b - a for a, b in itertools.pairwise(chunks) if b >= joined and a <= done]
     return max(gaps) if gaps else None
 
@@ -205,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--image-size", type=int, default=28)
     p.add_argument("--joiners", type=int, default=4)
-    p.add_argument("--stall-tokens", type=int, default=160)
+    p.add_argument("--stall-tokens", type=int, default=3000)
     p.add_argument("--stall-delay", type=float, default=1.0)
     p.add_argument("--text-words", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3, help="rounds per point; medians shown")

@@ -23,6 +23,7 @@ from litestar.response import Stream
 from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
+from mlxd.api.image_fetch import fetch_images
 from mlxd.api.lookup import PROMPT_CACHE_HEADER, PROMPT_RULES_HEADER, header_value
 from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.state import AppState
@@ -222,6 +223,7 @@ async def generate(
     waits gets its error status, not an SSE error after a 200.
     """
     try:
+        gen = await fetch_images(gen, lease.settings)  # remote images, when fetch_images is on
         gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
         handle = lease.engine.submit(gen)
     except BaseException:

@@ -35,13 +35,14 @@ class Images:
             max_pixels=limits.image_pixels,
             max_images=limits.max_images,
         )
+        self.remote = settings.server.fetch_images
         self.parts: list[ImagePart] = []
 
     def data_url(self, url: Any, where: str) -> dict[str, Any]:
         """An OpenAI ``image_url`` (a base64 data URL) as a content part."""
         self._room(where)
         try:
-            return self._add(image_from_data_url(url, where, self.limits))
+            return self._add(image_from_data_url(url, where, self.limits, remote=self.remote))
         except ImageError as exc:
             raise bad(exc.param, f"{exc.param}: {exc}", code="invalid_image") from exc
 

@@ -98,6 +98,12 @@ class ServerSettings(Section):
         "live",
         "Chat field that carries a reasoning model's thinking (message and delta).",
     )
+    fetch_images: bool = _field(
+        False,
+        "live",
+        "Fetch http(s) image URLs named in requests (off: images come inline as base64). "
+        "A server-side request forgery risk: see docs/api.md#images.",
+    )
     state_dir: str | None = _field(
         None,
         "restart",
@@ -275,6 +281,12 @@ class LimitSettings(Section):
         ge=1,
     )
     max_images: int = _field(16, "live", "Most images one request may carry.", ge=0)
+    image_fetch_timeout: float = _field(
+        10.0,
+        "live",
+        "Seconds fetching one remote image may take ([server] fetch_images); then 400.",
+        gt=0,
+    )
     grammar_timeout: float = _field(
         10.0,
         "live",

@@ -36,6 +36,7 @@ from mlxd.engine.fleet.values import FleetEvent, FleetRefusal, FleetStatus, Mode
 from mlxd.engine.images import IMAGE_PART, ImageError, ImageLimits, ImagePart
 from mlxd.engine.images import count_check as check_image_count
 from mlxd.engine.images import from_base64 as image_from_base64
+from mlxd.engine.images import from_bytes as image_from_bytes
 from mlxd.engine.images import from_data_url as image_from_data_url
 from mlxd.engine.messages import (
     Accepted,
@@ -126,6 +127,7 @@ __all__ = [
     "check_image_count",
     "check_request",
     "image_from_base64",
+    "image_from_bytes",
     "image_from_data_url",
     "json_constraint",
     "tool_constraint",

@@ -55,26 +55,36 @@ class ImagePart:
     width: int
     height: int
     where: str
+    # A remote image not fetched yet ([server] fetch_images): the HTTP side fetches it
+    # (mlxd.api.image_fetch) before the request is queued; ``data`` is empty until then.
+    url: str | None = None
 
 
 _DATA_URL = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,", re.I)
 
 
-def from_data_url(url: str, where: str, limits: ImageLimits) -> ImagePart:
+def from_data_url(url: str, where: str, limits: ImageLimits, *, remote: bool = False) -> ImagePart:
     """An OpenAI ``image_url.url`` (``data:image/png;base64,...``) as an ImagePart.
 
+    With ``remote``, an ``http(s)`` URL becomes a part to fetch (``url`` set,
+    no data yet).
+
     Raises:
-        ImageError: not a base64 data URL (remote URLs are not fetched), or
-            see :func:`from_base64`.
+        ImageError: not a base64 data URL (nor, with ``remote``, an http(s)
+            URL), or see :func:`from_base64`.
     """
     if not isinstance(url, str):
         raise ImageError("an image URL must be a string", where)
     match = _DATA_URL.match(url[:200])
     if match is None:
         if url.lower().startswith(("http://", "https://")):
+            if remote:
+                if len(url) > 2048:
+                    raise ImageError("an image URL may have at most 2048 characters", where)
+                return ImagePart(b"", "", 0, 0, where, url=url)
             raise ImageError(
-                "mlxd does not fetch remote images: send the image inline as a base64 "
-                "data URL (data:image/png;base64,...)",
+                "mlxd does not fetch remote images ([server] fetch_images is off): send the "
+                "image inline as a base64 data URL (data:image/png;base64,...)",
                 where,
             )
         raise ImageError(
@@ -110,6 +120,11 @@ def from_base64(payload: str, media_type: str | None, where: str, limits: ImageL
         data = base64.b64decode(payload.strip(), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ImageError(f"image data is not valid base64: {exc}", where) from exc
+    return from_bytes(data, media_type, where, limits)
+
+
+def from_bytes(data: bytes, media_type: str | None, where: str, limits: ImageLimits) -> ImagePart:
+    """Image bytes, checked as :func:`from_base64` checks them (after base64)."""
     if len(data) > limits.max_bytes:
         raise ImageError(_too_large(len(data), limits), where)
     if not data:

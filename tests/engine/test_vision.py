@@ -167,3 +167,38 @@ def test_a_text_model_refuses_an_image(tiny_models):
     assert isinstance(out.accepted, Failed) and out.accepted.status == 400
     assert out.accepted.param == "messages[0].content[1]"
     assert "does not take images" in out.accepted.message
+
+
+def test_without_mlx_vlm_a_vision_model_fails_with_the_install_command(vlm, monkeypatch):
+    import sys
+
+    from mlxd.config import ModelSettings
+    from mlxd.engine.chat.loading import ModelLoadError, load_model
+
+    monkeypatch.setitem(sys.modules, "mlx_vlm.utils", None)  # the import fails, as uninstalled
+    with pytest.raises(ModelLoadError, match=r"pip install 'mlxd\[embeddings\]'"):
+        load_model(ModelSettings(path=str(vlm)), optimized_blas=False, generation=0)
+
+
+def test_which_directories_load_as_vision_models(tmp_path, vlm):
+    import json
+    import shutil
+
+    from mlxd.config import ModelSettings
+    from mlxd.engine.chat.loading import ModelLoadError, load_model, wants_vision
+
+    auto, on, off = ModelSettings(), ModelSettings(vision=True), ModelSettings(vision=False)
+    assert wants_vision(auto, vlm) and wants_vision(on, vlm) and not wants_vision(off, vlm)
+    # A text-only conversion that kept the vision_config but no processor: text.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(vlm / "config.json", bare / "config.json")
+    assert not wants_vision(auto, bare) and wants_vision(on, bare)
+    # Multimodal rotary positions: asked for, a clear refusal (detected: served as text).
+    mrope = tmp_path / "mrope"
+    shutil.copytree(vlm, mrope)
+    config = json.loads((mrope / "config.json").read_text())
+    config["text_config"]["rope_scaling"] = {"type": "mrope", "mrope_section": [2, 1, 1]}
+    (mrope / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="mrope"):
+        load_model(ModelSettings(path=str(mrope), vision=True), optimized_blas=False, generation=0)

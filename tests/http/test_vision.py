@@ -379,3 +379,29 @@ def test_the_dashboard_shows_an_image_row(daemon, pages, tmp_path):
         stop.set()
         for t in texts:
             t.join(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def fetching(daemons):
+    config = toml_config(
+        server={"fetch_images": True},
+        limits={"image_fetch_timeout": 5.0},
+        model={"path": str(tiny_vlm_dir("llava")), "name": "vlm"},
+    )
+    return daemons.get(config)
+
+
+def test_with_fetch_images_on_a_private_address_is_still_refused(fetching):
+    url = f"{fetching.url}/health"  # the daemon itself: loopback
+    with fetching.client() as http:
+        message = openai_error(
+            http.post("/v1/chat/completions", json=chat_body(url)),
+            "invalid_image",
+            "messages[0].content[1].image_url",
+        )
+        assert "loopback" in message
+        block = {"type": "image", "source": {"type": "url", "url": "http://169.254.169.254/"}}
+        body = {"model": "vlm", "max_tokens": 4, "messages": [{"role": "user", "content": [block]}]}
+        assert "link-local" in anthropic_error(http.post("/v1/messages", json=body))
+        r = http.post("/v1/messages/count_tokens", json={k: body[k] for k in ("model", "messages")})
+        assert "link-local" in anthropic_error(r)

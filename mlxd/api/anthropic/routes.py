@@ -38,6 +38,7 @@ from mlxd.api.generate import (
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError, error_handlers
+from mlxd.api.image_fetch import fetch_images
 from mlxd.api.prompt_rules import apply_prompt_rules
 from mlxd.api.state import Mlxd
 from mlxd.engine import Accepted, CacheLookup, Failed
@@ -86,6 +87,7 @@ class MessagesController(Controller):
         req = decode(body, CountTokensRequest)
         async with held(mlxd, req.model) as lease:
             gen = count_tokens_request(req, lease.settings, info=lease.info)
+            gen = await fetch_images(gen, lease.settings)
             # The prompt the real request runs: the same volatile rules apply.
             gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
             check_values(lease.info, gen)

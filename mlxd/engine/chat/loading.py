@@ -216,8 +216,13 @@ def load_model(
     if settings.tool_parser:
         overrides["tool_parser_type"] = settings.tool_parser
     vision = None
+    wanted = loader is None and wants_vision(settings, path)
+    if wanted and settings.vision is None and (why := vision_unsupported(path)):
+        # Detected, not asked for: serve it as text, as before vision models existed.
+        logger.warning("%s has a vision part, served as text only: %s", path, why)
+        wanted = False
     try:
-        if loader is None and wants_vision(settings, path):
+        if wanted:
             model, tokenizer, config, vision = _load_vision(path, overrides)
         elif loader is not None:
             model, tokenizer, config = loader(str(path), overrides)
@@ -304,17 +309,38 @@ def load_model(
     )
 
 
-def wants_vision(settings: ModelSettings, path: Path) -> bool:
-    """Load through mlx-vlm: ``vision = true``, or unset and the config has a vision part."""
-    if settings.vision is not None:
-        return settings.vision
+def _config(path: Path) -> dict[str, Any]:
     import json
 
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def wants_vision(settings: ModelSettings, path: Path) -> bool:
+    """Load through mlx-vlm: ``vision = true``, or unset, a vision part in the config
+    and an image processor beside it (a text-only conversion keeps no processor)."""
+    if settings.vision is not None:
+        return settings.vision
+    has_processor = any(
+        (path / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")
+    )
+    return has_processor and isinstance(_config(path).get("vision_config"), dict)
+
+
+def vision_unsupported(path: Path) -> str | None:
+    """Why mlxd's vision path cannot serve this model's images, or None.
+
+    Multimodal rotary positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V)
+    give image tokens 3-D positions that mlx-lm's generator does not apply.
+    """
+    import json
+
+    if "mrope" in json.dumps(_config(path)):
+        return "its language model uses multimodal rotary positions (mrope), not supported yet"
+    return None
 
 
 def _load_vision(path: Path, overrides: dict[str, Any]) -> tuple[Any, Any, dict, Processor]:
@@ -324,6 +350,9 @@ def _load_vision(path: Path, overrides: dict[str, Any]) -> tuple[Any, Any, dict,
     from mlxd.engine.chat.vision import VisionLM, VisionLoadError, load_vlm
     from mlxd.engine.chat.vision_intake import processor_parts
 
+    why = vision_unsupported(path)
+    if why is not None:
+        raise ModelLoadError(f"{path} cannot take images in mlxd: {why}; set vision = false")
     try:
         vlm, processor = load_vlm(str(path))
         model = VisionLM(vlm)
