@@ -30,6 +30,7 @@ import base64
 import contextlib
 import io
 import itertools
+import json
 import logging
 import os
 import statistics
@@ -70,6 +71,7 @@ def chat_body(model: str, max_tokens: int, url: str | None, text: str) -> dict[s
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
 
 
@@ -79,14 +81,21 @@ async def stream(
     """One streaming request: when it was sent, its chunks' arrival times, its tokens."""
     sent = time.perf_counter()
     chunks = [] if chunks is None else chunks
+    tokens = None
     async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             await r.aread()
             raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
         async for line in r.aiter_lines():
-            if line.startswith("data:") and '"content"' in line and line.strip() != "data: [DONE]":
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            usage = event.get("usage")
+            if usage and usage.get("completion_tokens") is not None:
+                tokens = usage["completion_tokens"]
+            if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
                 chunks.append(time.perf_counter())
-    return {"sent": sent, "chunks": chunks, "ended": time.perf_counter()}
+    return {"sent": sent, "chunks": chunks, "tokens": tokens}
 
 
 async def wave(base: str, model: str, c: int, args: argparse.Namespace, seed: int):
@@ -101,7 +110,8 @@ async def wave(base: str, model: str, c: int, args: argparse.Namespace, seed: in
         results = await asyncio.gather(*(stream(client, base, b) for b in bodies))
         wall = time.perf_counter() - started
     ttfts = [r["chunks"][0] - r["sent"] for r in results if r["chunks"]]
-    tokens = sum(len(r["chunks"]) for r in results)
+    # Completion tokens from the usage chunk (text chunks where a server sends none).
+    tokens = sum(r["tokens"] if r["tokens"] is not None else len(r["chunks"]) for r in results)
     return {
         "ttft_median": statistics.median(ttfts) if ttfts else None,
         "ttft_max": max(ttfts) if ttfts else None,
@@ -161,16 +171,58 @@ def run_mlxd(args: argparse.Namespace, model_dir: str, work: Path) -> dict[str, 
                 [asyncio.run(wave(base, "vlm", c, args, 100 * c + r)) for r in range(args.repeats)]
             )
             logger.info("mlxd C=%d: %s", c, out[c])
-        out["stall_text"] = statistics.median(
-            asyncio.run(stall(base, "vlm", args, False, 7000 + 10 * r)) or 0
-            for r in range(args.repeats)
-        )
-        out["stall_images"] = statistics.median(
-            asyncio.run(stall(base, "vlm", args, True, 8000 + 10 * r)) or 0
-            for r in range(args.repeats)
-        )
+        # Alternated, so a change in the machine's load hits both alike.
+        text, image = [], []
+        for r in range(args.repeats):
+            text.append(asyncio.run(stall(base, "vlm", args, False, 7000 + 10 * r)) or 0)
+            image.append(asyncio.run(stall(base, "vlm", args, True, 8000 + 10 * r)) or 0)
+        out["stall_text"], out["stall_images"] = statistics.median(text), statistics.median(image)
         logger.info("mlxd stall: text %s, images %s", out["stall_text"], out["stall_images"])
     return out
+
+
+def tower_vs_chunk(model_dir: str, sizes: list[int], step: int) -> list[tuple[int, int, float]]:
+    """In process: the vision tower's seconds for one image of each size, and a prefill chunk's.
+
+    The tower runs once per image set, between two steps; a prefill chunk of
+    ``step`` tokens is what a joining text prompt costs the other rows today.
+    Returns (image side, image tokens, tower seconds) rows, then (0, step, chunk seconds).
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd.config import ModelSettings
+    from mlxd.engine.chat.intake import tokenize_with_images
+    from mlxd.engine.chat.loading import load_model
+    from mlxd.engine.images import ImageLimits, from_data_url
+    from mlxd.engine.messages import ChatPrompt, GenerationRequest
+
+    loaded = load_model(ModelSettings(path=model_dir), optimized_blas=False, generation=0)
+    limits = ImageLimits(1 << 26, 1 << 26, 1)
+    rows = []
+    for side in sizes:
+        image = from_data_url(image_url(side, side), "m", limits)
+        content = [{"type": "text", "text": "describe"}, {"type": "image", "image": 0}]
+        prompt = ChatPrompt(({"role": "user", "content": content},), images=(image,))
+        _, images = tokenize_with_images(loaded, GenerationRequest("t", prompt, 1))
+        assert images is not None
+        times = []
+        for _ in range(5):
+            images.features = None
+            started = time.perf_counter()
+            loaded.model.register(images)
+            times.append(time.perf_counter() - started)
+            loaded.model.release(images)
+        rows.append((side, len(images.ids), statistics.median(times)))
+    times = []
+    for _ in range(5):
+        cache = make_prompt_cache(loaded.model)
+        ids = mx.array([[(i * 7) % 200 + 10 for i in range(step)]])
+        started = time.perf_counter()
+        mx.eval(loaded.model(ids, cache=cache))
+        times.append(time.perf_counter() - started)
+    rows.append((0, step, statistics.median(times)))
+    return rows
 
 
 def run_peer(args: argparse.Namespace, model_dir: str, work: Path) -> dict[str, Any]:
@@ -216,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-tokens", type=int, default=3000)
     p.add_argument("--stall-delay", type=float, default=1.0)
     p.add_argument("--text-words", type=int, default=16)
+    p.add_argument("--tower-sizes", default="28,224,448", help="image sides for the tower timing")
+    p.add_argument("--step", type=int, default=512, help="prefill chunk (prefill_step_size)")
     p.add_argument("--repeats", type=int, default=3, help="rounds per point; medians shown")
     p.add_argument("--no-peer", action="store_true", help="skip mlx_vlm.server")
     args = p.parse_args(argv)
@@ -228,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         from tests.support.tinyvlms import tiny_vlm_dir
 
         model_dir = str(tiny_vlm_dir("gemma3"))
+    tower = tower_vs_chunk(model_dir, [int(x) for x in args.tower_sizes.split(",")], args.step)
     with tempfile.TemporaryDirectory(prefix="vision-bench-") as tmp:
         work = Path(tmp)
         ours = run_mlxd(args, model_dir, work)
@@ -244,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
             f"| {fmt(b.get('ttft_median'), 1000)} / {fmt(b.get('ttft_max'), 1000)} "
             f"| {fmt(a['tps'])} | {fmt(b.get('tps'))} |"
         )
+    print("\n| vision tower, one image | image tokens | seconds |")
+    print("| --- | --- | --- |")
+    for side, n, secs in tower[:-1]:
+        print(f"| {side}x{side} | {n} | {fmt(secs, 1000)} ms |")
+    print(f"| a prefill chunk (no image) | {tower[-1][1]} | {fmt(tower[-1][2], 1000)} ms |")
     print(
         f"\nlongest gap in a decoding text stream while {args.joiners} requests join (mlxd): "
         f"text-only joiners {fmt(ours['stall_text'], 1000)} ms, "

@@ -202,3 +202,17 @@ def test_which_directories_load_as_vision_models(tmp_path, vlm):
     (mrope / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="mrope"):
         load_model(ModelSettings(path=str(mrope), vision=True), optimized_blas=False, generation=0)
+
+
+def test_an_image_row_in_the_serial_lane_generates_what_it_does_in_the_batch(vlm):
+    from dataclasses import replace
+
+    from mlxd.engine.messages import SamplingParams
+
+    with running_engine(vlm, batch={"size": 4}, prompt_cache={"max_entries": 0}) as engine:
+        (batched,) = run_all(engine, [image_request("b", RED)])
+        serial_request = replace(image_request("s", RED), sampling=SamplingParams(seed=3))
+        (serial,) = run_all(engine, [serial_request])
+    assert batched.ok and serial.ok
+    assert serial.accepted.lane == "serial" and batched.accepted.lane == "batch"  # type: ignore[union-attr]
+    assert serial.tokens == batched.tokens
