@@ -17,7 +17,7 @@ from PIL import Image
 
 from mlxd.engine.images import ImageLimits, from_base64
 from mlxd.engine.messages import ChatPrompt, Failed, Finished, GenerationRequest
-from tests.support.engine import run_all, running_engine
+from tests.support.engine import run_all, running_engine, settled
 from tests.support.tinyvlms import tiny_vlm_dir
 
 LIMITS = ImageLimits(max_bytes=1 << 20, max_pixels=1 << 20, max_images=8)
@@ -117,8 +117,13 @@ def test_a_second_turn_about_the_same_image_reuses_its_prefill(vlm):
             ),
             MAX_TOKENS,
         )
+        tower = settled(engine).counters["vision_seconds"]
         (second,) = run_all(engine, [again])
+        # The image came from the prompt cache: the vision tower did not run.
+        assert settled(engine).counters["vision_seconds"] == tower > 0
         (third,) = run_all(engine, [other])
+        counters = settled(engine).counters
+        assert counters["vision_seconds"] > tower and counters["images"] == 3
     assert second.ok and third.ok
     assert isinstance(second.end, Finished) and isinstance(third.end, Finished)
     lookup2, lookup3 = second.end.lookup, third.end.lookup

@@ -189,6 +189,10 @@ def test_the_three_apis_give_the_same_answer_about_the_same_image(daemon):
         ],
     )
     assert count.input_tokens == chat.usage.prompt_tokens
+    with daemon.client() as http:
+        metrics = http.get("/metrics").text
+    assert 'mlxd_images_total{model="vlm"}' in metrics
+    assert 'mlxd_vision_seconds_total{model="vlm"}' in metrics
     # Another image, another answer (the image reaches the model).
     other = client.chat.completions.create(
         model="vlm",

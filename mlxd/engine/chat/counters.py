@@ -98,6 +98,10 @@ class Counters:
     constrained_rows: dict[str, int] = field(default_factory=dict)
     tool_calls: int = 0
     tool_call_parse_failures: int = 0
+    # Images in completed requests' prompts, and the engine time their vision tower took
+    # (0 for images whose tokens came from the prompt cache).
+    images: int = 0
+    vision_seconds: float = 0.0
 
     def outcome(self, lane: str, outcome: str) -> None:
         self.requests[lane][outcome] += 1
@@ -112,4 +116,5 @@ class Counters:
         out["finished"] = sum(sum(v.values()) for v in self.requests.values())
         out["prefill_seconds"] = round(self.prefill_seconds, 3)
         out["decode_seconds"] = round(self.decode_seconds, 3)
+        out["vision_seconds"] = round(self.vision_seconds, 6)
         return out

@@ -86,6 +86,8 @@ class Row:
     # the vision model while the row prefills.
     images: Any = None
     images_held: bool = False
+    # Seconds the vision tower ran for this row (0 when its images came from the cache).
+    vision_seconds: float = 0.0
 
     @property
     def id(self) -> str:

@@ -110,19 +110,24 @@ class VisionLM:
         """Image sets registered now (rows with images still prefilling)."""
         return len(self._held)
 
-    def register(self, images: ImageSet) -> None:
-        """Run the vision tower for ``images`` (unless held already) and keep its embeddings."""
+    def register(self, images: ImageSet) -> float:
+        """Run the vision tower for ``images`` (unless held already) and keep its embeddings.
+
+        Returns the seconds the tower ran (0 when the embeddings were held already).
+        """
         held = self._held.get(images.key)
         if held is not None:
             self._held[images.key] = (held[0], held[1] + 1)
-            return
+            return 0.0
+        seconds = 0.0
         if images.features is None:
             started = time.perf_counter()
             images.features = self._encode(images)
-            self.last_encode_s = time.perf_counter() - started
+            seconds = self.last_encode_s = time.perf_counter() - started
         for row, vid in enumerate(images.ids):
             self._by_id[vid] = (images, row)
         self._held[images.key] = (images, 1)
+        return seconds
 
     def release(self, images: ImageSet) -> None:
         held = self._held.get(images.key)
@@ -192,7 +197,7 @@ def hold(model: Any, row: Any, rest: list[int]) -> None:
         return
     if not any(t >= VIRTUAL_BASE for t in rest):
         return
-    model.register(row.images)
+    row.vision_seconds += model.register(row.images)
     row.images_held = True
 
 
