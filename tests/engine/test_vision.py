@@ -221,3 +221,60 @@ def test_an_image_row_in_the_serial_lane_generates_what_it_does_in_the_batch(vlm
     assert batched.ok and serial.ok
     assert serial.accepted.lane == "serial" and batched.accepted.lane == "batch"  # type: ignore[union-attr]
     assert serial.tokens == batched.tokens
+
+
+def test_an_image_prompt_survives_a_restart_in_the_disk_tier(vlm, tmp_path):
+    cache = {"disk_dir": str(tmp_path / "cache"), "max_entries": 8}
+    with running_engine(vlm, prompt_cache=cache) as engine:
+        (first,) = run_all(engine, [image_request("one", RED)])
+    assert first.ok and isinstance(first.end, Finished)
+    turns = (
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is in this picture?"},
+                {"type": "image", "image": 0},
+            ],
+        },
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "and then?"},
+    )
+    with running_engine(vlm, prompt_cache=cache) as engine:
+        (again,) = run_all(
+            engine, [GenerationRequest("two", ChatPrompt(turns, images=(part(RED),)), 4)]
+        )
+        (other,) = run_all(
+            engine, [GenerationRequest("three", ChatPrompt(turns, images=(part(BLUE),)), 4)]
+        )
+        counters = settled(engine).counters
+    assert isinstance(again.end, Finished) and isinstance(other.end, Finished)
+    assert again.end.lookup is not None and again.end.lookup.source == "disk"
+    assert again.end.usage.cached_tokens >= first.end.usage.prompt_tokens - 1
+    # Another image of the same size: never the stored one.
+    assert other.end.usage.cached_tokens < again.end.usage.cached_tokens
+    assert counters["images"] == 2
+
+
+def test_a_text_model_swapped_for_a_vision_model_takes_images(tiny_models, vlm):
+    from mlxd.config import ModelSettings
+    from tests.support.engine import make_engine
+
+    engine = make_engine(tiny_models("llama"), batch={"size": 4})
+    try:
+        (refused,) = run_all(engine, [image_request("before", RED)])
+        assert isinstance(refused.accepted, Failed) and refused.accepted.status == 400
+        settings = engine.settings.model_copy(update={"model": ModelSettings(path=str(vlm))})
+        info = engine.load(settings).result(120)
+        assert info.vision and engine.info is not None and engine.info.vision
+        (after,) = run_all(engine, [image_request("after", RED)])
+        assert after.ok and len(after.tokens) == MAX_TOKENS
+        back = engine.settings.model_copy(
+            update={"model": ModelSettings(path=str(tiny_models("llama")))}
+        )
+        assert not engine.load(back).result(120).vision
+        (again,) = run_all(engine, [image_request("again", RED)])
+        assert (
+            isinstance(again.accepted, Failed) and "does not take images" in again.accepted.message
+        )
+    finally:
+        engine.stop()
