@@ -383,6 +383,8 @@ def test_the_dashboard_shows_an_image_row(daemon, pages, tmp_path):
         badge = page.locator("#active-rows [data-field=images]").first
         badge.wait_for(timeout=20_000)
         assert badge.inner_text() == "1 image"
+        # The models panel marks the vision model (and not the text one).
+        assert page.locator("[data-field=vision]").count() == 1
         screenshot = os.environ.get("MLXD_SCREENSHOT") == "1"
         shot = ROOT / "docs" / "img" / "dashboard-vision.png" if screenshot else tmp_path / "v.png"
         page.screenshot(path=str(shot), full_page=True)
