@@ -115,15 +115,21 @@ class BatchLane:
         start = len(row.prompt) - len(rest)
         # The vision tower runs here, between two steps, for images still to prefill.
         hold(self._loaded.model, row, rest)
+        try:
+            (uid,) = self._gen.insert_segments(
+                [segments(rest, start, [p for p, _ in row.checkpoints])],
+                max_tokens=[row.max_tokens],
+                caches=[cache] if cache is not None else None,
+                all_tokens=[row.prompt[: len(row.prompt) - len(rest)]]
+                if cache is not None
+                else None,
+                samplers=[guard_sampler(row, sampler)] if sampler else None,
+                logits_processors=[[guard_processor(row, p) for p in processors]],
+            )
+        except BaseException:
+            let_go(self._loaded.model, row)
+            raise
         self.lone = not self.rows
-        (uid,) = self._gen.insert_segments(
-            [segments(rest, start, [p for p, _ in row.checkpoints])],
-            max_tokens=[row.max_tokens],
-            caches=[cache] if cache is not None else None,
-            all_tokens=[row.prompt[: len(row.prompt) - len(rest)]] if cache is not None else None,
-            samplers=[guard_sampler(row, sampler)] if sampler else None,
-            logits_processors=[[guard_processor(row, p) for p in processors]],
-        )
         row.uid = uid
         self.rows[uid] = row
 

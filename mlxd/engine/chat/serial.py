@@ -105,7 +105,6 @@ class SerialRun:
             guarded = [_with_history(before, p) for p in guarded]
         self._done = 0
         self._total = len(rest)
-        hold(self._model, row, rest)  # the vision tower, for images still to prefill
         self._steps = self._generate(parts[:-1], marks, start)
         self._tail = generate_step(
             mx.array(last),
@@ -117,6 +116,7 @@ class SerialRun:
             prefill_step_size=prefill_step_size,
             prompt_progress_callback=self._tail_progress,
         )
+        hold(self._model, row, rest)  # the vision tower, for images still to prefill (last)
 
     def _generate(
         self, parts: list[list[int]], marks: list[tuple[int, Any]], start: int

@@ -167,7 +167,7 @@ class VisionLM:
 
     def _embeddings(self, inputs: mx.array) -> mx.array | None:
         """Text embeddings with the virtual ids' image embeddings in place, or None."""
-        ids = np.array(inputs, copy=False)
+        ids = np.asarray(inputs)
         where = np.flatnonzero(ids.reshape(-1) >= VIRTUAL_BASE)
         if where.size == 0:
             return None
