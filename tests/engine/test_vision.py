@@ -278,3 +278,61 @@ def test_a_text_model_swapped_for_a_vision_model_takes_images(tiny_models, vlm):
         )
     finally:
         engine.stop()
+
+
+def two_images(rid: str, first: bytes, second: bytes) -> GenerationRequest:
+    content = [
+        {"type": "text", "text": "compare"},
+        {"type": "image", "image": 0},
+        {"type": "text", "text": "with"},
+        {"type": "image", "image": 1},
+    ]
+    images = (part(first), part(second, "messages[0].content[3]"))
+    return GenerationRequest(
+        rid, ChatPrompt(({"role": "user", "content": content},), images=images), 8
+    )
+
+
+def test_each_image_goes_through_the_tower_when_its_chunk_comes(vlm):
+    # 16-token chunks put the two images in different prefill chunks: the second image is
+    # encoded when its chunk runs, beside a text row; the answer is what one chunk gives.
+    small = {"size": 4, "prefill_step_size": 16}
+    with running_engine(vlm, batch=small, prompt_cache={"max_entries": 0}) as engine:
+        chunked = run_all(engine, [two_images("c", RED, BLUE), text_request("t", "hello")])
+    with running_engine(vlm, batch={"size": 4}, prompt_cache={"disk": False}) as engine:
+        (whole,) = run_all(engine, [two_images("w", RED, BLUE)])
+        (swapped,) = run_all(engine, [two_images("s", RED, png((0, 200, 0), stripe=90))])
+        counters = settled(engine).counters
+    assert chunked[0].ok and whole.ok and swapped.ok
+    assert isinstance(whole.end, Finished) and whole.end.usage.prompt_tokens > 16
+    assert chunked[0].tokens == whole.tokens
+    # The first image's tokens are keyed by its own pixels: with another second image the
+    # prompt leaves the stored one only at the second image (a sliding-window cache resumes
+    # from a checkpoint, so only the divergence is common to both families).
+    assert isinstance(swapped.end, Finished) and swapped.end.lookup is not None
+    diverged = swapped.end.lookup.diverged_at
+    assert diverged is not None and diverged > whole.end.usage.prompt_tokens // 2
+    assert swapped.end.lookup.after.startswith("[image]")
+    assert counters["images"] == 4
+
+
+def test_joining_runs_the_tower_for_the_first_needed_image_only(vlm):
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd.config import ModelSettings
+    from mlxd.engine.chat.intake import tokenize_with_images
+    from mlxd.engine.chat.loading import load_model
+
+    loaded = load_model(ModelSettings(path=str(vlm)), optimized_blas=False, generation=0)
+    ids, images = tokenize_with_images(loaded, two_images("x", RED, BLUE))
+    assert images is not None and len(images.spans) == 2
+    model = loaded.model
+    # The prompt cache already holds the first image: only the second is needed.
+    second = list(images.ids[images.spans[0] :])
+    assert model.register(images, second) > 0
+    assert images.features[0] is None and images.features[1] is not None
+    # A forward pass that reaches the first image's tokens runs the tower for it then.
+    mx.eval(model(mx.array([ids]), cache=make_prompt_cache(model)))
+    assert images.features[0] is not None and images.seconds > 0
+    assert model.release(images) > 0 and model.holding == 0

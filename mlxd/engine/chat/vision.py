@@ -86,8 +86,8 @@ class VisionLM:
         self.vlm = vlm
         self.language_model = vlm.language_model
         self._embed = vlm.language_model.model.embed_tokens
-        # virtual id -> (its set, row in the set's features)
-        self._by_id: dict[int, tuple[ImageSet, int]] = {}
+        # virtual id -> (its set, the part of the set, row in that part's features)
+        self._by_id: dict[int, tuple[ImageSet, int, int]] = {}
         # set key -> (the set, how many rows hold it)
         self._held: dict[str, tuple[ImageSet, int]] = {}
         # Seconds the vision tower took, per registration (the dashboard's and benchmark's).
@@ -110,40 +110,66 @@ class VisionLM:
         """Image sets registered now (rows with images still prefilling)."""
         return len(self._held)
 
-    def register(self, images: ImageSet) -> float:
-        """Run the vision tower for ``images`` (unless held already) and keep its embeddings.
+    def register(self, images: ImageSet, needed: list[int]) -> float:
+        """Keep ``images`` for the prefill; run the tower for the first part ``needed`` holds.
 
-        Returns the seconds the tower ran (0 when the embeddings were held already).
+        ``needed`` are the virtual ids still to prefill. The first image among
+        them goes through the tower now, between two steps (a failure there
+        fails this row alone); each further image when the prefill chunk that
+        holds its first token runs, so one step never waits for more than the
+        images of its chunk. Returns the seconds the tower ran now.
         """
         held = self._held.get(images.key)
         if held is not None:
             self._held[images.key] = (held[0], held[1] + 1)
             return 0.0
-        seconds = 0.0
+        parts = images.parts()
         if images.features is None:
-            started = time.perf_counter()
-            images.features = self._encode(images)
-            seconds = self.last_encode_s = time.perf_counter() - started
-        for row, vid in enumerate(images.ids):
-            self._by_id[vid] = (images, row)
+            images.features = [None] * len(parts)
+        for part, (first, n) in enumerate(parts):
+            for offset in range(n):
+                self._by_id[images.ids[first + offset]] = (images, part, offset)
         self._held[images.key] = (images, 1)
-        return seconds
+        first_needed = next(p for p in (self._by_id.get(v) for v in needed) if p is not None)
+        started = time.perf_counter()
+        try:
+            self._features(images, first_needed[1])
+        except BaseException:
+            self.release(images)
+            raise
+        return time.perf_counter() - started
 
-    def release(self, images: ImageSet) -> None:
+    def release(self, images: ImageSet) -> float:
+        """Drop one hold of ``images``; returns tower seconds spent on them while prefilling."""
         held = self._held.get(images.key)
         if held is None:
-            return
+            return 0.0
+        seconds, images.seconds = images.seconds, 0.0
         if held[1] > 1:
             self._held[images.key] = (held[0], held[1] - 1)
-            return
+            return seconds
         del self._held[images.key]
         for vid in held[0].ids:
             self._by_id.pop(vid, None)
+        return seconds
 
-    def _encode(self, images: ImageSet) -> mx.array:
-        n = len(images.ids)
+    def _features(self, images: ImageSet, part: int) -> mx.array:
+        """Part ``part``'s embeddings, running the tower for it when not done yet."""
+        assert images.features is not None
+        found = images.features[part]
+        if found is None:
+            started = time.perf_counter()
+            found = images.features[part] = self._encode(images, part)
+            self.last_encode_s = time.perf_counter() - started
+        return found
+
+    def _encode(self, images: ImageSet, part: int) -> mx.array:
+        _, n = images.parts()[part]
         ids = mx.array([[images.placeholder] * n])
-        kwargs = {k: mx.array(v) for k, v in images.inputs.items()}
+        inputs = images.inputs
+        if images.spans:  # one image: its own pixels
+            inputs = {"pixel_values": inputs["pixel_values"][part : part + 1]}
+        kwargs = {k: mx.array(v) for k, v in inputs.items()}
         pixels = kwargs.pop("pixel_values", None)
         if "mask" in inspect.signature(self.vlm.get_input_embeddings).parameters:
             kwargs.setdefault("mask", mx.ones(ids.shape, dtype=mx.int32))  # gemma3 wants one
@@ -179,9 +205,12 @@ class VisionLM:
             found = self._by_id.get(int(flat[pos]))
             if found is None:  # never expected: a virtual id without its image
                 raise RuntimeError("a prompt holds an image whose embeddings are not registered")
-            images, row = found
-            assert images.features is not None
-            rows.append(images.features[row])
+            images, part, offset = found
+            if images.features is not None and images.features[part] is None:
+                started = time.perf_counter()  # an image this chunk reaches first
+                self._features(images, part)
+                images.seconds += time.perf_counter() - started
+            rows.append(self._features(images, part)[offset])
         table = mx.stack(rows).astype(text.dtype)
         merged = text.reshape(-1, shape[-1])
         merged[mx.array(where)] = table
@@ -195,16 +224,17 @@ def hold(model: Any, row: Any, rest: list[int]) -> None:
     """
     if row.images is None or row.images_held or not isinstance(model, VisionLM):
         return
-    if not any(t >= VIRTUAL_BASE for t in rest):
+    needed = [t for t in rest if t >= VIRTUAL_BASE]
+    if not needed:
         return
-    row.vision_seconds += model.register(row.images)
+    row.vision_seconds += model.register(row.images, needed)
     row.images_held = True
 
 
 def let_go(model: Any, row: Any) -> None:
     """Release ``row``'s images (its prefill is over, or it left)."""
     if row.images_held and isinstance(model, VisionLM):
-        model.release(row.images)
+        row.vision_seconds += model.release(row.images)
     row.images_held = False
 
 

@@ -40,8 +40,24 @@ class ImageSet:
     placeholder: int
     inputs: dict[str, np.ndarray] = field(repr=False)
     count: int = 1
-    # The vision tower's output, one row per id (an mx.array, set on the engine thread).
+    # Image tokens per image, when each image can go through the vision tower alone
+    # (one run of tokens per image, pixels the only input); empty: all images at once.
+    spans: tuple[int, ...] = ()
+    # The vision tower's output per part (an image, or all of them), one row per id:
+    # mx.arrays, set on the engine thread (mlxd.engine.chat.vision).
     features: Any = field(default=None, repr=False)
+    # Tower seconds spent while prefilling, not yet counted to a row.
+    seconds: float = 0.0
+
+    def parts(self) -> list[tuple[int, int]]:
+        """(first id index, ids) of each part the tower encodes in one call."""
+        if not self.spans:
+            return [(0, len(self.ids))]
+        out, at = [], 0
+        for n in self.spans:
+            out.append((at, n))
+            at += n
+        return out
 
 
 @dataclass
@@ -160,7 +176,13 @@ def tokenize_images(
         ids[pos] = vid
         virtual.append(vid)
     key = hashlib.sha256(b"".join(d + i.to_bytes(4, "little") for d, i in digests)).hexdigest()
-    return ids, ImageSet(key, tuple(virtual), parts.placeholder, inputs, len(pictures))
+    runs = _runs(positions)
+    pixels = inputs.get("pixel_values")
+    alone = (
+        pixels is not None and len(inputs) == 1 and len(runs) == len(pictures) == pixels.shape[0]
+    )
+    spans = tuple(len(r) for r in runs) if alone else ()
+    return ids, ImageSet(key, tuple(virtual), parts.placeholder, inputs, len(pictures), spans)
 
 
 def _digest(*arrays: np.ndarray) -> bytes:
