@@ -190,7 +190,8 @@ def test_which_directories_load_as_vision_models(tmp_path, vlm):
     import shutil
 
     from mlxd.config import ModelSettings
-    from mlxd.engine.chat.loading import ModelLoadError, load_model, wants_vision
+    from mlxd.engine.chat.loading import ModelLoadError, load_model
+    from mlxd.engine.chat.vision_loading import wants_vision
 
     auto, on, off = ModelSettings(), ModelSettings(vision=True), ModelSettings(vision=False)
     assert wants_vision(auto, vlm) and wants_vision(on, vlm) and not wants_vision(off, vlm)

@@ -19,6 +19,7 @@ from mlx_lm import load as mlx_load
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.config import ModelSettings
+from mlxd.engine.chat.vision_loading import vision_unsupported, wants_vision
 from mlxd.engine.messages import ModelInfo
 from mlxd.engine.policy.admission import CacheLayout, LayerLayout
 from mlxd.engine.policy.lanes import Capabilities
@@ -309,63 +310,13 @@ def load_model(
     )
 
 
-def _config(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
-def wants_vision(settings: ModelSettings, path: Path) -> bool:
-    """Load through mlx-vlm: ``vision = true``, or unset, a vision part in the config
-    and an image processor beside it (a text-only conversion keeps no processor)."""
-    if settings.vision is not None:
-        return settings.vision
-    has_processor = any(
-        (path / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")
-    )
-    return has_processor and isinstance(_config(path).get("vision_config"), dict)
-
-
-def vision_unsupported(path: Path) -> str | None:
-    """Why mlxd's vision path cannot serve this model's images, or None.
-
-    Multimodal rotary positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V)
-    give image tokens 3-D positions that mlx-lm's generator does not apply.
-    """
-    import json
-
-    if "mrope" in json.dumps(_config(path)):
-        return "its language model uses multimodal rotary positions (mrope), not supported yet"
-    return None
-
-
 def _load_vision(path: Path, overrides: dict[str, Any]) -> tuple[Any, Any, dict, Processor]:
-    """A vision-language model through mlx-vlm, its language model shaped for mlx-lm."""
-    from mlx_lm.utils import load_config, load_tokenizer
+    from mlxd.engine.chat.vision_loading import VisionLoadError, load_vision
 
-    from mlxd.engine.chat.vision import VisionLM, VisionLoadError, load_vlm
-    from mlxd.engine.chat.vision_intake import processor_parts
-
-    why = vision_unsupported(path)
-    if why is not None:
-        raise ModelLoadError(f"{path} cannot take images in mlxd: {why}; set vision = false")
     try:
-        vlm, processor = load_vlm(str(path))
-        model = VisionLM(vlm)
-        model.make_cache()  # refuses a language model whose caches mlxd cannot batch
-        parts = processor_parts(processor)
-    except (VisionLoadError, ValueError) as exc:
+        return load_vision(path, overrides)
+    except VisionLoadError as exc:
         raise ModelLoadError(str(exc)) from exc
-    config = load_config(path)
-    eos = config.get("eos_token_id") or (config.get("text_config") or {}).get("eos_token_id")
-    tokenizer = load_tokenizer(
-        path, overrides, eos_token_ids=[eos] if isinstance(eos, int) else eos
-    )
-    return model, tokenizer, config, parts
 
 
 def describe_dtype(model: Any, config: dict[str, Any]) -> str:

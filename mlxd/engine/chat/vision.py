@@ -33,32 +33,6 @@ from mlxd.engine.chat.vision_intake import VIRTUAL_BASE, ImageSet
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'mlxd[embeddings]'"
-
-
-class VisionLoadError(Exception):
-    """mlx-vlm is missing or cannot load the model; the message says what to do."""
-
-
-def load_vlm(path: str) -> tuple[Any, Any]:
-    """``mlx_vlm.load(path)``: the model and its processor.
-
-    Raises:
-        VisionLoadError: mlx-vlm is not installed (with the install command),
-            or it cannot load this directory.
-    """
-    try:
-        from mlx_vlm.utils import load
-    except ImportError as exc:
-        raise VisionLoadError(
-            f"this model is a vision-language model, which needs mlx-vlm: {INSTALL_HINT} "
-            f"(or set vision = false to serve it as text only) ({exc})"
-        ) from exc
-    try:
-        return load(path)
-    except Exception as exc:
-        raise VisionLoadError(f"mlx_vlm.load({path!r}) failed: {exc}") from exc
-
 
 def _mlx_lm_cache(cache: Any) -> Any:
     """mlx-vlm's cache object as the mlx-lm cache with the same behaviour (batchable)."""
@@ -69,7 +43,7 @@ def _mlx_lm_cache(cache: Any) -> Any:
         return lm_cache.KVCache()
     if name == "RotatingKVCache":
         return lm_cache.RotatingKVCache(max_size=cache.max_size, keep=getattr(cache, "keep", 0))
-    raise VisionLoadError(
+    raise ValueError(
         f"mlxd's vision path serves attention caches only (KVCache, RotatingKVCache); "
         f"this model's language model uses {name}"
     )
