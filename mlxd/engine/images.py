@@ -17,6 +17,7 @@ import io
 import re
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 # Formats accepted, as Pillow names them, and the media types that name them.
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
@@ -150,8 +151,22 @@ def _too_large(size: int, limits: ImageLimits) -> str:
     )
 
 
+def _pillow(where: str) -> Any:
+    """Pillow, which images need (mlx-vlm pulls it in with the embeddings extra)."""
+    try:
+        import PIL.Image
+    except ImportError as exc:
+        raise ImageError(
+            "this mlxd has no image support (Pillow is not installed); images need a "
+            "vision-language model and mlx-vlm: pip install 'mlxd[embeddings]'",
+            where,
+        ) from exc
+    return PIL.Image
+
+
 def _header(data: bytes, where: str) -> tuple[str, int, int]:
     """The format and size Pillow reads from the header, without decoding pixels."""
+    _pillow(where)
     from PIL import Image, UnidentifiedImageError
 
     try:
