@@ -419,3 +419,45 @@ def test_with_fetch_images_on_a_private_address_is_still_refused(fetching):
         assert "link-local" in anthropic_error(http.post("/v1/messages", json=body))
         r = http.post("/v1/messages/count_tokens", json={k: body[k] for k in ("model", "messages")})
         assert "link-local" in anthropic_error(r)
+
+
+def test_a_screenshot_in_a_tool_result_reaches_the_model(daemon):
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": b64(RED)},
+    }
+
+    def body(result: list, model: str = "vlm") -> dict:
+        return {
+            "model": model,
+            "max_tokens": 4,
+            "messages": [
+                {"role": "user", "content": "take a screenshot"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "toolu_1", "name": "shot", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": result}
+                    ],
+                },
+            ],
+        }
+
+    text = [{"type": "text", "text": "here it is"}]
+    with daemon.client() as http:
+        with_image = http.post("/v1/messages", json=body([*text, image]))
+        without = http.post("/v1/messages", json=body(text))
+        assert with_image.status_code == 200, with_image.text
+        assert without.status_code == 200, without.text
+
+        def prompt(r: httpx.Response) -> int:  # cached prompt tokens are reported apart
+            usage = r.json()["usage"]
+            return usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0)
+
+        assert prompt(with_image) > prompt(without)
+        refused = http.post("/v1/messages", json=body([*text, image], model="text"))
+        message = anthropic_error(refused)
+        assert "does not take images" in message and "content[0].content[1]" in message

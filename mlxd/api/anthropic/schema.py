@@ -17,6 +17,7 @@ import msgspec
 from mlxd.api import params
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.images import Images, text_part
+from mlxd.api.images import content as content_of
 from mlxd.api.openai.tools import (
     ToolPlan,
     history_message,
@@ -135,6 +136,24 @@ def _image(block: dict[str, Any], where: str, images: Images) -> dict[str, Any]:
     return images.base64(source.get("data"), source.get("media_type"), f"{where}.source")
 
 
+def _tool_result(content: Any, where: str, images: Images) -> str | list[dict[str, Any]]:
+    """A tool_result's content: text, or text and images (a screenshot a tool took)."""
+    if not isinstance(content, list) or not any(
+        isinstance(b, dict) and b.get("type") == "image" for b in content
+    ):
+        return _content(content, where)
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        at = f"{where}[{j}]"
+        if isinstance(block, dict) and block.get("type") == "image":
+            parts.append(_image(block, at, images))
+        else:
+            text = _text(block, at)
+            if text is not None:
+                parts.append(text_part(text))
+    return content_of(parts)
+
+
 def _turn(role: str, content: Any, where: str, images: Images) -> list[dict]:
     """One Anthropic message as chat messages: tool results become ``tool`` messages."""
     if isinstance(content, str):
@@ -160,9 +179,13 @@ def _turn(role: str, content: Any, where: str, images: Images) -> list[dict]:
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
                 raise bad(f"{at}.tool_use_id", f"{at} (tool_result) needs 'tool_use_id'.")
-            result = _content(block.get("content", ""), f"{at}.content")
+            result = _tool_result(block.get("content", ""), f"{at}.content", images)
             if block.get("is_error"):
-                result = f"Error: {result}"
+                result = (
+                    f"Error: {result}"
+                    if isinstance(result, str)
+                    else [text_part("Error: "), *result]
+                )
             out.append({"role": "tool", "tool_call_id": call_id, "content": result})
         elif kind in ("tool_use", "tool_result"):
             owner = "assistant" if kind == "tool_use" else "user"
