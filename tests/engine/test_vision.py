@@ -337,3 +337,28 @@ def test_joining_runs_the_tower_for_the_first_needed_image_only(vlm):
     mx.eval(model(mx.array([ids]), cache=make_prompt_cache(model)))
     assert images.features[0] is not None and images.seconds > 0
     assert model.release(images) > 0 and model.holding == 0
+
+
+def test_an_image_row_generates_what_mlx_vlm_generates(vlm):
+    """Fidelity: mlx-vlm's own generate_step on the same prompt ids and pixels, greedy."""
+    import mlx.core as mx
+    from mlx_vlm.generate.ar import generate_step
+
+    from mlxd.config import ModelSettings
+    from mlxd.engine.chat.intake import tokenize_with_images
+    from mlxd.engine.chat.loading import load_model
+    from mlxd.engine.chat.vision_intake import VIRTUAL_BASE
+
+    loaded = load_model(ModelSettings(path=str(vlm)), optimized_blas=False, generation=0)
+    ids, images = tokenize_with_images(loaded, image_request("x", RED))
+    assert images is not None
+    # mlx-vlm sees the processor's own ids: every image token as the image token id.
+    real = mx.array([[images.placeholder if t >= VIRTUAL_BASE else t for t in ids]])
+    pixels = mx.array(images.inputs["pixel_values"])
+    steps = generate_step(
+        real, loaded.model.vlm, pixels, mx.ones(real.shape), max_tokens=MAX_TOKENS, temperature=0.0
+    )
+    expected = [int(token) for token, _ in steps]
+    with running_engine(vlm, batch={"size": 4}, prompt_cache={"max_entries": 0}) as engine:
+        got = run_all(engine, [image_request("a", RED), text_request("t", "hello there")])
+    assert got[0].ok and got[0].tokens == expected
