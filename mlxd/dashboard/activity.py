@@ -122,4 +122,7 @@ def counters(s: dict[str, Any], now: float) -> Formatted:
         "prefill_time": duration(c["prefill_seconds"]),
         "decode_time": duration(c["decode_seconds"]),
         "engine_errors": count(c["engine_errors"]),
+        # A vision-language model's: shown once it has served images.
+        "images": count(c.get("images") or 0) if c.get("images") else None,
+        "vision_time": duration(c.get("vision_seconds") or 0.0),
     }

@@ -351,6 +351,8 @@ def test_the_dashboard_shows_an_image_row(daemon, pages, tmp_path):
 
     from tests.support import ROOT
 
+    with daemon.client() as http:  # one finished image request, for the counters
+        assert http.post("/v1/chat/completions", json=chat_body(data_url(RED))).status_code == 200
     body = chat_body(data_url(BLUE), "tell me everything about this picture")
     body.update(max_tokens=3000, stream=True)
     stop = threading.Event()
@@ -385,6 +387,8 @@ def test_the_dashboard_shows_an_image_row(daemon, pages, tmp_path):
         assert badge.inner_text() == "1 image"
         # The models panel marks the vision model (and not the text one).
         assert page.locator("[data-field=vision]").count() == 1
+        # Finished requests' images are counted, with the tower's time.
+        assert int(page.locator("#counters [data-field=images]").inner_text()) > 0
         screenshot = os.environ.get("MLXD_SCREENSHOT") == "1"
         shot = ROOT / "docs" / "img" / "dashboard-vision.png" if screenshot else tmp_path / "v.png"
         page.screenshot(path=str(shot), full_page=True)
