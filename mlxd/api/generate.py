@@ -27,6 +27,7 @@ from mlxd.api.grammar import prepare_off_loop
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.keys import who_of
 from mlxd.api.http.requestlog import Note, note_of
+from mlxd.api.image_fetch import fetch_images
 from mlxd.api.lease import is_anthropic
 from mlxd.api.lookup import PROMPT_CACHE_HEADER, PROMPT_RULES_HEADER, header_value
 from mlxd.api.priority import effective as effective_priority
@@ -276,6 +277,7 @@ async def generate(
         )
         if who is not None or gen.priority != "normal":  # without keys the line stays as it was
             note_of(request.scope).priority = gen.priority
+        gen = await fetch_images(gen, lease.settings)  # remote images, when fetch_images is on
         gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
         forced = force_tool_call(gen, lease.info, enabled=state.fault_injection)
         if forced is not gen:  # test-only (MLXD_FORCE_TOOL_CALL): compile its grammar

@@ -106,6 +106,12 @@ class ServerSettings(Section):
         "live",
         "Chat field that carries a reasoning model's thinking (message and delta).",
     )
+    fetch_images: bool = _field(
+        False,
+        "live",
+        "Fetch http(s) image URLs named in requests (off: images come inline as base64). "
+        "A server-side request forgery risk: see docs/api.md#images.",
+    )
     state_dir: str | None = _field(
         None,
         "restart",
@@ -154,6 +160,12 @@ class ModelSettings(Section):
         "Other model ids clients may ask for (fnmatch patterns such as 'claude-*'); "
         "they get the served model.",
     )
+    vision: bool | None = _field(
+        None,
+        "swap",
+        "Load through mlx-vlm and take images (true), or as text only (false); "
+        "default: a config.json with a vision_config is a vision-language model.",
+    )
 
 
 class BatchSettings(Section):
@@ -194,6 +206,9 @@ class LaneSettings(Section):
         "batch", "live", "Lane for repetition, presence or frequency penalties."
     )
     logit_bias: LaneChoice = _field("batch", "live", "Lane for requests with a logit_bias.")
+    images: LaneChoice = _field(
+        "batch", "live", "Lane for requests with images (a vision-language model's)."
+    )
     constrained: LaneChoice = _field(
         "batch", "live", "Lane for JSON-schema or forced-tool-call (grammar) requests."
     )
@@ -263,6 +278,22 @@ class LimitSettings(Section):
     )
     body_timeout: float = _field(
         60.0, "live", "Seconds a client may take to send a request body; then 408.", gt=0
+    )
+    image_bytes: Bytes = _field(
+        "10MiB", "live", "Largest image a request may carry (decoded from base64); larger gets 400."
+    )
+    image_pixels: int = _field(
+        16_777_216,
+        "live",
+        "Most pixels (width x height, read from the header before decoding) one image may have.",
+        ge=1,
+    )
+    max_images: int = _field(16, "live", "Most images one request may carry.", ge=0)
+    image_fetch_timeout: float = _field(
+        10.0,
+        "live",
+        "Seconds fetching one remote image may take ([server] fetch_images); then 400.",
+        gt=0,
     )
     grammar_timeout: float = _field(
         10.0,

@@ -52,6 +52,8 @@ def active_rows(s: dict[str, Any], now: float) -> Formatted:
                 "kv": human_bytes(r["kv_bytes"]),
                 "projected_kv": human_bytes(r["projected_kv_bytes"]),
                 "constraint": r.get("constraint"),
+                "images": r.get("images") or 0,
+                "image_tokens": count(r.get("image_tokens") or 0),
                 "output": r.get("output") if r.get("output") not in (None, "answer") else None,
                 "priority": r.get("priority", "normal"),
                 "key": r.get("key"),
@@ -128,4 +130,7 @@ def counters(s: dict[str, Any], now: float) -> Formatted:
         "prefill_time": duration(c["prefill_seconds"]),
         "decode_time": duration(c["decode_seconds"]),
         "engine_errors": count(c["engine_errors"]),
+        # A vision-language model's: shown once it has served images.
+        "images": count(c.get("images") or 0) if c.get("images") else None,
+        "vision_time": duration(c.get("vision_seconds") or 0.0),
     }

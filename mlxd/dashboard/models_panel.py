@@ -100,6 +100,8 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
     return {
         "id": m["id"],
         "kind": m["kind"],
+        # A vision-language model (known once loaded): its prompts may carry images.
+        "vision": bool(caps.get("vision")),
         "state": m["state"],
         "pinned": m["pinned"],
         "default": m["default"],

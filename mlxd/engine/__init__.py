@@ -33,6 +33,11 @@ from mlxd.engine.embeddings.messages import (
 from mlxd.engine.fleet.slot import Lease
 from mlxd.engine.fleet.values import STATES as MODEL_STATES
 from mlxd.engine.fleet.values import FleetEvent, FleetRefusal, FleetStatus, ModelState
+from mlxd.engine.images import IMAGE_PART, ImageError, ImageLimits, ImagePart
+from mlxd.engine.images import count_check as check_image_count
+from mlxd.engine.images import from_base64 as image_from_base64
+from mlxd.engine.images import from_bytes as image_from_bytes
+from mlxd.engine.images import from_data_url as image_from_data_url
 from mlxd.engine.messages import (
     Accepted,
     Admitted,
@@ -70,6 +75,7 @@ if TYPE_CHECKING:
     from mlxd.engine.fleet.fleet import Fleet
 
 __all__ = [
+    "IMAGE_PART",
     "MODEL_STATES",
     "PRIORITY_CLASSES",
     "TOOL_GRAMMAR_FORMATS",
@@ -97,6 +103,9 @@ __all__ = [
     "FleetRefusal",
     "FleetStatus",
     "GenerationRequest",
+    "ImageError",
+    "ImageLimits",
+    "ImagePart",
     "IntakeError",
     "LaneDecision",
     "Lease",
@@ -119,7 +128,11 @@ __all__ = [
     "capped_priority",
     "check_constraint",
     "check_embedding_inputs",
+    "check_image_count",
     "check_request",
+    "image_from_base64",
+    "image_from_bytes",
+    "image_from_data_url",
     "json_constraint",
     "tool_constraint",
     "validate_constraint",

@@ -31,13 +31,19 @@ class IntakeError(ValueError):
         self.param = param
 
 
+def _content_chars(content: object) -> int:
+    if isinstance(content, list):  # text and image parts: the text counts
+        return sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+    return len(content) if isinstance(content, str) else 0
+
+
 def prompt_chars(request: GenerationRequest) -> int:
     """Characters of text in the prompt (0 for token ids)."""
     prompt = request.prompt
     if isinstance(prompt, TextPrompt):
         return len(prompt.text)
     if isinstance(prompt, ChatPrompt):
-        return sum(len(m.get("content") or "") for m in prompt.messages)
+        return sum(_content_chars(m.get("content")) for m in prompt.messages)
     return 0
 
 

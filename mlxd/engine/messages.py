@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from mlxd.engine.images import ImagePart
+
 Lane = Literal["batch", "serial"]
 # Which HTTP API a request came in through (shown in /stats and the dashboard).
 Api = Literal["chat", "completions", "responses", "messages"]
@@ -31,11 +33,16 @@ class ChatPrompt:
     template variables (``chat_template_kwargs``, e.g. ``enable_thinking``).
     Assistant messages may carry ``tool_calls`` and ``tool`` messages a
     ``tool_call_id``, in the same shape.
+
+    A message with images has a content LIST of ``{"type": "text", "text": ...}``
+    and ``{"type": "image", "image": i}`` parts, ``i`` indexing ``images`` (the
+    images in prompt order, checked against the limits by the HTTP side).
     """
 
     messages: tuple[dict, ...]
     tools: tuple[dict, ...] = ()
     template_kwargs: tuple[tuple[str, object], ...] = ()
+    images: tuple[ImagePart, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -286,6 +293,8 @@ ErrorCode = Literal[
     "cancelled",
     "generation_error",
     "invalid_request",
+    # An image part that cannot be taken (undecodable, over a limit, or a text model's).
+    "invalid_image",
     # A tool_choice the model's tool-call format has no grammar for (StructureError).
     "tool_format_unsupported",
     "invalid_schema",
@@ -344,3 +353,5 @@ class ModelInfo:
     reasoning: bool = False
     # llguidance could read the tokenizer: response_format and forced calls work.
     structured_output: bool = False
+    # A vision-language model (loaded through mlx-vlm): chat prompts may hold images.
+    vision: bool = False

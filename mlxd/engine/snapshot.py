@@ -60,6 +60,9 @@ class RunningRow:
     priority: str = "normal"
     key: str | None = None
     preemptions: int = 0
+    # Images in the prompt (a vision-language model's), and the prompt tokens they take.
+    images: int = 0
+    image_tokens: int = 0
 
 
 @dataclass(frozen=True)

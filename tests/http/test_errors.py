@@ -130,8 +130,8 @@ def test_malformed_bodies(http, model, body, status, code, param):
                     {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
                 ]
             },
-            "invalid_value",
-            "messages[0].content[0]",
+            "invalid_image",
+            "messages[0].content[0].image_url",
         ),
     ],
 )

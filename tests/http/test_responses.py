@@ -191,8 +191,8 @@ def test_bad_input_gets_400_and_the_server_goes_on(daemon, client, model):
             ({"model": model, "input": [{"role": "robot", "content": "x"}]}, None, None),
             (
                 {"model": model, "input": [{"role": "user", "content": [{"type": "input_image"}]}]},
-                "unsupported_parameter",
-                None,
+                "invalid_value",
+                "input[0].content[0].image_url",
             ),
             ({"model": model, "input": [{"type": "item_reference", "id": "x"}]}, None, None),
             ({"model": model, "input": FRANCE, "temperature": 3}, "invalid_value", "temperature"),

@@ -105,3 +105,18 @@ def test_every_combination_gives_a_known_reason():
         assert (d.lane == "batch") == (d.reason == "batchable")
         if size == 1:
             assert d.reason == "mode"
+
+
+def test_images_follow_their_policy():
+    from mlxd.engine.images import ImagePart
+    from mlxd.engine.messages import ChatPrompt
+
+    image = ImagePart(b"x", "PNG", 1, 1, "messages[0].content[0]")
+    content = [{"type": "image", "image": 0}]
+    with_image = GenerationRequest(
+        "r", ChatPrompt(({"role": "user", "content": content},), images=(image,)), 4
+    )
+    assert decide(with_image, 4, LaneSettings(), OK) == LaneDecision("batch", "batchable")
+    serial = LaneSettings(images="serial")
+    assert decide(with_image, 4, serial, OK) == LaneDecision("serial", "images")
+    assert decide(request(), 4, serial, OK).lane == "batch"  # text requests are untouched

@@ -178,10 +178,12 @@ def test_count_tokens_builds_the_same_prompt():
         "tools": [WEATHER],
         "thinking": {"type": "disabled"},
     }
-    gen = count_tokens_request(decoded(body, CountTokensRequest), info=INFO)
+    gen = count_tokens_request(decoded(body, CountTokensRequest), SETTINGS, info=INFO)
     assert gen.id.startswith("count_") and gen.max_tokens == 1 and gen.api == "messages"
     assert gen.prompt == call(system="s", tools=[WEATHER], thinking={"type": "disabled"}).gen.prompt
-    err = refused(count_tokens_request, decoded({"model": "t", "messages": []}, CountTokensRequest))
+    err = refused(
+        count_tokens_request, decoded({"model": "t", "messages": []}, CountTokensRequest), SETTINGS
+    )
     assert (err.code, err.param) == ("invalid_value", "messages")
 
 
@@ -292,8 +294,8 @@ BAD = [
     ({"messages": [{"role": "user", "content": [3]}]}, "invalid_value", "messages[0].content[0]"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-        "unsupported_parameter",
-        "messages[0].content[0]",
+        "invalid_value",
+        "messages[0].content[0].source.type",
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "audio"}]}]},

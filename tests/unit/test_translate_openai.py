@@ -245,8 +245,8 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": 3}]}, "invalid_value", "messages[0].content"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-        "invalid_value",
-        "messages[0].content[0]",
+        "invalid_image",
+        "messages[0].content[0].image_url",
     ),
     ({"messages": [{"role": "user", "content": "x", "when": 1}]}, "invalid_value", "messages[0]"),
     (

@@ -244,8 +244,8 @@ BAD = [
     ({"input": [{"role": "user", "content": 3}]}, "invalid_value", "input[0].content"),
     (
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-        "unsupported_parameter",
-        "input[0].content[0]",
+        "invalid_image",
+        "input[0].content[0].image_url",
     ),
     (
         {"input": [{"role": "user", "content": [{"type": "video"}]}]},

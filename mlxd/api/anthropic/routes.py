@@ -29,6 +29,7 @@ from mlxd.api.generate import Output, check_generation, check_values, generate
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError, error_handlers
+from mlxd.api.image_fetch import fetch_images
 from mlxd.api.lease import acquire, check_accepting, held, released_on_error
 from mlxd.api.priority import requested as requested_priority
 from mlxd.api.prompt_rules import apply_prompt_rules
@@ -81,7 +82,8 @@ class MessagesController(Controller):
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, CountTokensRequest)
         async with held(mlxd, req.model, request=request, quota=False) as lease:
-            gen = count_tokens_request(req, info=lease.info)
+            gen = count_tokens_request(req, lease.settings, info=lease.info)
+            gen = await fetch_images(gen, lease.settings)
             # The prompt the real request runs: the same volatile rules apply.
             gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
             check_values(lease.info, gen)

@@ -17,6 +17,8 @@ import msgspec
 from mlxd.api import params
 from mlxd.api.anthropic.system import join_reminder, merge_system
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.images import Images, text_part
+from mlxd.api.images import content as content_of
 from mlxd.api.openai.tools import (
     ToolPlan,
     history_message,
@@ -91,8 +93,10 @@ def _text(block: Any, where: str) -> str | None:
         return block["text"]
     if kind in ("thinking", "redacted_thinking"):
         return None  # earlier reasoning is not fed back, as Anthropic's own API does
-    if kind in ("image", "document", "search_result"):
-        raise unsupported(where, f"mlxd serves a text model; {kind!r} blocks are not accepted.")
+    if kind == "image":
+        raise bad(where, "'image' blocks are taken in user messages only.")
+    if kind in ("document", "search_result"):
+        raise unsupported(where, f"mlxd takes text and images; {kind!r} blocks are not accepted.")
     raise bad(f"{where}.type", f"Unexpected content block type {kind!r} here.")
 
 
@@ -119,7 +123,42 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def _turn(role: str, content: Any, where: str) -> list[dict]:
+def _image(block: dict[str, Any], where: str, images: Images) -> dict[str, Any]:
+    """An ``image`` block with a base64 source as an image part."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise bad(f"{where}.source", "An image block needs a 'source' object.")
+    kind = source.get("type")
+    if not isinstance(kind, str):
+        raise bad(f"{where}.source.type", "An image source needs a 'type' ('base64').")
+    if kind == "url":
+        return images.data_url(source.get("url"), f"{where}.source.url")
+    if kind != "base64":
+        raise unsupported(
+            f"{where}.source.type", f"image sources of type {kind!r} (send type 'base64')."
+        )
+    return images.base64(source.get("data"), source.get("media_type"), f"{where}.source")
+
+
+def _tool_result(content: Any, where: str, images: Images) -> str | list[dict[str, Any]]:
+    """A tool_result's content: text, or text and images (a screenshot a tool took)."""
+    if not isinstance(content, list) or not any(
+        isinstance(b, dict) and b.get("type") == "image" for b in content
+    ):
+        return _content(content, where)
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        at = f"{where}[{j}]"
+        if isinstance(block, dict) and block.get("type") == "image":
+            parts.append(_image(block, at, images))
+        else:
+            text = _text(block, at)
+            if text is not None:
+                parts.append(text_part(text))
+    return content_of(parts)
+
+
+def _turn(role: str, content: Any, where: str, images: Images) -> list[dict]:
     """One Anthropic message as chat messages: tool results become ``tool`` messages."""
     if isinstance(content, str):
         return [{"role": role, "content": content}]
@@ -127,19 +166,30 @@ def _turn(role: str, content: Any, where: str) -> list[dict]:
         raise bad(where, "'content' must be a string or a list of content blocks.")
     out: list[dict] = []
     texts: list[str] = []
+    parts: list[dict] = []
     calls: list[dict] = []
     for j, block in enumerate(content):
         at = f"{where}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "tool_use" and role == "assistant":
+        if kind == "image" and role == "user":
+            assert isinstance(block, dict)
+            if texts:
+                parts.append(text_part("".join(texts)))
+                texts = []
+            parts.append(_image(block, at, images))
+        elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_use(block, at))
         elif kind == "tool_result" and role == "user":
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
                 raise bad(f"{at}.tool_use_id", f"{at} (tool_result) needs 'tool_use_id'.")
-            result = _content(block.get("content", ""), f"{at}.content")
+            result = _tool_result(block.get("content", ""), f"{at}.content", images)
             if block.get("is_error"):
-                result = f"Error: {result}"
+                result = (
+                    f"Error: {result}"
+                    if isinstance(result, str)
+                    else [text_part("Error: "), *result]
+                )
             out.append({"role": "tool", "tool_call_id": call_id, "content": result})
         elif kind in ("tool_use", "tool_result"):
             owner = "assistant" if kind == "tool_use" else "user"
@@ -152,12 +202,16 @@ def _turn(role: str, content: Any, where: str) -> list[dict]:
                 texts.append(text)
     if calls:
         out.append({"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls})
+    elif parts:
+        if texts:
+            parts.append(text_part("".join(texts)))
+        out.append({"role": role, "content": parts})
     elif texts or not out:
         out.append({"role": role, "content": "".join(texts)})
     return out
 
 
-def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
+def chat_messages(body: _MessagesBody, images: Images) -> tuple[dict, ...]:
     """``system`` and ``messages`` as chat messages in the template's shape."""
     if not body.messages:
         raise bad("messages", "'messages' must contain at least one message.")
@@ -182,7 +236,7 @@ def chat_messages(body: _MessagesBody) -> tuple[dict, ...]:
             merge_system(out, _content(m["content"], f"{where}.content"), leading=leading)
             continue
         leading = False
-        turn = _turn(role, m["content"], f"{where}.content")
+        turn = _turn(role, m["content"], f"{where}.content", images)
         _check_results(turn, calls, where)
         calls = {c["id"] for msg in turn for c in msg.get("tool_calls") or ()}
         for msg in turn:
@@ -300,7 +354,7 @@ def _thinking(thinking: dict[str, Any] | None) -> tuple[tuple[str, object], ...]
 
 
 def _prompt(
-    body: _MessagesBody, info: ModelInfo | None
+    body: _MessagesBody, info: ModelInfo | None, settings: Settings
 ) -> tuple[ChatPrompt, ToolPlan, Constraint | None]:
     plan = _plan(body, info)
     constraint = _format(body)
@@ -310,14 +364,17 @@ def _prompt(
             "A JSON output format and a forced tool call (tool_choice any or tool) cannot "
             "both constrain one answer.",
         )
-    return ChatPrompt(chat_messages(body), plan.tools, _thinking(body.thinking)), plan, constraint
+    images = Images(settings)
+    messages = chat_messages(body, images)
+    prompt = ChatPrompt(messages, plan.tools, _thinking(body.thinking), images=tuple(images.parts))
+    return prompt, plan, constraint
 
 
 def count_tokens_request(
-    body: CountTokensRequest, *, info: ModelInfo | None = None
+    body: CountTokensRequest, settings: Settings, *, info: ModelInfo | None = None
 ) -> GenerationRequest:
     """The prompt of a count_tokens request (tools included), as the engine would tokenize it."""
-    prompt, _, _ = _prompt(body, info)
+    prompt, _, _ = _prompt(body, info, settings)
     return GenerationRequest(
         id=f"count_{uuid.uuid4().hex[:24]}", prompt=prompt, max_tokens=1, api="messages"
     )
@@ -364,7 +421,7 @@ def messages_request(
     )
     if req.temperature is not None and req.temperature > 1:
         raise bad("temperature", f"'temperature' must be in [0, 1], got {req.temperature}.")
-    prompt, plan, constraint = _prompt(req, info)
+    prompt, plan, constraint = _prompt(req, info, settings)
     gen = GenerationRequest(
         id=f"msg_{uuid.uuid4().hex[:24]}",
         prompt=prompt,

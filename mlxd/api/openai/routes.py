@@ -193,6 +193,8 @@ def model_json(model: ModelState) -> dict[str, Any]:
             "tools_ignored": tool_format is None,
             "structured_output": caps.get("structured_output", False),
             "reasoning": caps.get("reasoning", False),
+            # A vision-language model: chat prompts may carry images.
+            "vision": caps.get("vision", False),
         }
     elif model.kind == "embedding" and caps:
         out["dimensions"] = caps.get("dimensions")

@@ -15,6 +15,8 @@ import msgspec
 
 from mlxd.api import params
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.images import Images, text_part
+from mlxd.api.images import content as content_of
 from mlxd.api.openai.tools import history_message, response_constraint, template_kwargs, tool_plan
 from mlxd.api.params import bad, unsupported
 from mlxd.config import Settings
@@ -114,7 +116,25 @@ def _text_content(content: Any, index: int) -> str:
     )
 
 
-def _messages(messages: list[dict[str, Any]]) -> tuple[dict, ...]:
+def _user_content(content: Any, index: int, images: Images) -> str | list[dict[str, Any]]:
+    """A user message's content: text, or text and ``image_url`` parts."""
+    if not isinstance(content, list):
+        return _text_content(content, index)
+    parts = []
+    for j, part in enumerate(content):
+        where = f"messages[{index}].content[{j}]"
+        if isinstance(part, dict) and part.get("type") == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if isinstance(image, dict) and image.get("detail") not in (None, "auto", "low", "high"):
+                raise bad(f"{where}.image_url.detail", "detail must be auto, low or high.")
+            parts.append(images.data_url(url, f"{where}.image_url"))
+        else:
+            parts.append(text_part(_text_content([part], index)))
+    return content_of(parts)
+
+
+def _messages(messages: list[dict[str, Any]], images: Images) -> tuple[dict, ...]:
     if not messages:
         raise bad("messages", "'messages' must contain at least one message.")
     out = []
@@ -143,10 +163,13 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[dict, ...]:
             continue
         if "content" not in m or m["content"] is None:
             raise bad(f"messages[{i}].content", f"messages[{i}] has no content.")
+        text_only = role != "user"
         out.append(
             {
                 "role": "system" if role == "developer" else role,
-                "content": _text_content(m["content"], i),
+                "content": _text_content(m["content"], i)
+                if text_only
+                else _user_content(m["content"], i, images),
             }
         )
     return tuple(out)
@@ -218,10 +241,15 @@ def chat_request(
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     common = _common(req, settings, max_tokens=max_tokens, faults=faults)
+    images = Images(settings)
+    messages = _messages(req.messages, images)
     return GenerationRequest(
         id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
         prompt=ChatPrompt(
-            _messages(req.messages), plan.tools, template_kwargs(req.chat_template_kwargs)
+            messages,
+            plan.tools,
+            template_kwargs(req.chat_template_kwargs),
+            images=tuple(images.parts),
         ),
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,

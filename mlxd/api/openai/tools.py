@@ -259,7 +259,9 @@ def template_kwargs(kwargs: Any) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(kwargs.items()))
 
 
-def history_message(m: dict[str, Any], i: int, content: str | None) -> dict[str, Any]:
+def history_message(
+    m: dict[str, Any], i: int, content: str | list[dict[str, Any]] | None
+) -> dict[str, Any]:
     """An assistant message with tool_calls or a tool result, in the template's shape."""
     out: dict[str, Any] = {"role": m["role"], "content": content}
     if m["role"] == "tool":

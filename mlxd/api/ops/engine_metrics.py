@@ -105,6 +105,10 @@ COUNTERS: tuple[tuple[str, str, Reader], ...] = (
      lambda s: s.counters["tool_call_parse_failures"]),
     ("mlxd_preemptions", "Running rows that yielded to a more urgent request ([scheduling]).",
      lambda s: s.counters["preemptions"]),
+    ("mlxd_images", "Images in the prompts of completed requests (vision-language models).",
+     lambda s: s.counters["images"]),
+    ("mlxd_vision_seconds", "Engine time the vision tower took for completed requests.",
+     lambda s: s.counters["vision_seconds"]),
 )  # fmt: skip
 
 # (name, help, counters key, label): counters keyed by one label.

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.images import Images
 from mlxd.api.openai.tools import history_message, renamed, response_constraint
 from mlxd.api.params import bad, relabel, unsupported
 from mlxd.engine import Constraint
@@ -64,17 +65,60 @@ def _part_text(part: Any, where: str) -> str:
         if not isinstance(part.get("refusal"), str):
             raise bad(f"{where}.refusal", "A 'refusal' part's 'refusal' must be a string.")
         return part["refusal"]
-    if kind in ("input_image", "input_file", "input_audio"):
-        raise unsupported(where, f"mlxd serves a text model; {kind!r} parts are not accepted.")
+    if kind in ("input_file", "input_audio"):
+        raise unsupported(where, f"mlxd takes text and images; {kind!r} parts are not accepted.")
+    if kind == "input_image":
+        raise bad(where, "An 'input_image' part is taken in user messages only.")
     raise bad(where, f"Unsupported content part type {kind!r}: use 'input_text'.")
 
 
-def _content(content: Any, where: str) -> str:
+# A Responses image part as messages keep it until the request is built: the data URL
+# and where it came from. It stays in the stored conversation (previous_response_id),
+# and is checked against [limits] again each time a request carries it.
+IMAGE_REF = "image_ref"
+
+
+def _image_ref(part: dict, where: str) -> dict[str, Any]:
+    if part.get("file_id") is not None:
+        raise unsupported(f"{where}.file_id", "files are not implemented; send image_url.")
+    if part.get("detail") not in (None, "auto", "low", "high"):
+        raise bad(f"{where}.detail", "detail must be auto, low or high.")
+    url = part.get("image_url")
+    if not isinstance(url, str):
+        raise bad(f"{where}.image_url", "An 'input_image' part needs an 'image_url' string.")
+    return {"type": IMAGE_REF, "url": url, "where": f"{where}.image_url"}
+
+
+def _content(content: Any, where: str, *, images: bool = False) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(_part_text(p, f"{where}[{j}]") for j, p in enumerate(content))
+        parts: list[dict[str, Any]] = []
+        for j, p in enumerate(content):
+            at = f"{where}[{j}]"
+            if images and isinstance(p, dict) and p.get("type") == "input_image":
+                parts.append(_image_ref(p, at))
+            else:
+                parts.append({"type": "text", "text": _part_text(p, at)})
+        if all(p["type"] == "text" for p in parts):
+            return "".join(p["text"] for p in parts)
+        return parts
     raise bad(where, "Content must be a string or a list of text parts.")
+
+
+def resolve_images(messages: tuple[dict, ...], images: Images) -> tuple[dict, ...]:
+    """``messages`` with every image reference checked and turned into an image part."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list) and any(p.get("type") == IMAGE_REF for p in content):
+            parts = [
+                images.data_url(p["url"], p["where"]) if p.get("type") == IMAGE_REF else p
+                for p in content
+            ]
+            m = {**m, "content": parts}
+        out.append(m)
+    return tuple(out)
 
 
 def _raw_item(item: Any, i: int, out: list[dict]) -> None:
@@ -93,7 +137,7 @@ def _raw_item(item: Any, i: int, out: list[dict]) -> None:
             )
         if item.get("content") is None:
             raise bad(f"{where}.content", f"{where} has no content.")
-        text = _content(item["content"], f"{where}.content")
+        text = _content(item["content"], f"{where}.content", images=role == "user")
         out.append({"role": _ROLES[role], "content": text, "_at": i})
     elif kind == "function_call":
         name, call_id = item.get("name"), item.get("call_id")

@@ -18,12 +18,14 @@ import msgspec
 
 from mlxd.api import params
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.images import Images
 from mlxd.api.openai.tools import plan_tools
 from mlxd.api.params import bad, unsupported
 from mlxd.api.responses.items import (
     chat_tool_choice,
     chat_tools,
     input_messages,
+    resolve_images,
     text_constraint,
 )
 from mlxd.config import Settings
@@ -145,12 +147,18 @@ def responses_request(
             "A JSON text.format and a forced tool call (tool_choice 'required' or a named "
             "function) cannot both constrain one answer.",
         )
+    images = Images(settings)
     max_tokens = req.max_output_tokens or settings.sampling.max_tokens
     if req.generate is False:
         max_tokens = 1
     gen = GenerationRequest(
         id=f"resp_{uuid.uuid4().hex}",
-        prompt=ChatPrompt((*system, *history), plan.tools, _thinking(req.reasoning)),
+        prompt=ChatPrompt(
+            resolve_images((*system, *history), images),
+            plan.tools,
+            _thinking(req.reasoning),
+            images=tuple(images.parts),
+        ),
         max_tokens=max_tokens,
         sampling=sampled,
         parse_tools=plan.parse,

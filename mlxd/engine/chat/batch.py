@@ -26,6 +26,7 @@ from mlxd.engine.chat.sampling import (
     guard_processor,
     guard_sampler,
 )
+from mlxd.engine.chat.vision import guard_tokens, hold, let_go
 
 logger = logging.getLogger(__name__)
 
@@ -109,16 +110,26 @@ class BatchLane:
         """
         sampler = build_sampler(row.request, self._loaded.info.vocab_size)
         processors = build_processors(row.request, faults=self._faults, constraint=row.matcher)
+        if row.images is not None:
+            processors = [guard_tokens(p, row.images.placeholder) for p in processors]
         start = len(row.prompt) - len(rest)
+        # The vision tower runs here, between two steps, for images still to prefill.
+        hold(self._loaded.model, row, rest)
+        try:
+            (uid,) = self._gen.insert_segments(
+                [segments(rest, start, [p for p, _ in row.checkpoints])],
+                max_tokens=[row.tokens_left],
+                caches=[cache] if cache is not None else None,
+                all_tokens=[row.prompt[: len(row.prompt) - len(rest)]]
+                if cache is not None
+                else None,
+                samplers=[guard_sampler(row, sampler)] if sampler else None,
+                logits_processors=[[guard_processor(row, p) for p in processors]],
+            )
+        except BaseException:
+            let_go(self._loaded.model, row)
+            raise
         self.lone = not self.rows
-        (uid,) = self._gen.insert_segments(
-            [segments(rest, start, [p for p, _ in row.checkpoints])],
-            max_tokens=[row.tokens_left],
-            caches=[cache] if cache is not None else None,
-            all_tokens=[row.prompt[: len(row.prompt) - len(rest)]] if cache is not None else None,
-            samplers=[guard_sampler(row, sampler)] if sampler else None,
-            logits_processors=[[guard_processor(row, p) for p in processors]],
-        )
         row.uid = uid
         self.rows[uid] = row
 
@@ -144,6 +155,7 @@ class BatchLane:
             row = self.rows.get(r.uid)
             if row is None:
                 continue
+            let_go(self._loaded.model, row)
             if r.finish_reason is not None:
                 del self.rows[r.uid]
             out.append(
@@ -168,7 +180,7 @@ class BatchLane:
         """Take rows out before they finish (stop string, cancel, failure)."""
         uids = [r.uid for r in rows if r.uid in self.rows]
         for uid in uids:
-            del self.rows[uid]
+            let_go(self._loaded.model, self.rows.pop(uid))
         if not uids:
             return {}
         return self._gen.remove(uids, return_prompt_caches=return_caches)
@@ -177,6 +189,8 @@ class BatchLane:
         """Drop every row and start a fresh generator (after a failed step)."""
         rows = list(self.rows.values())
         self.rows.clear()
+        for row in rows:
+            let_go(self._loaded.model, row)
         try:
             self._gen.close()
         except Exception:  # the old generator is beyond use either way

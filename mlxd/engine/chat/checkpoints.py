@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 from mlxd.engine.chat.prompt_cache import Fetched, Kind
+from mlxd.engine.chat.vision_intake import decode_text
 from mlxd.engine.messages import CacheLookup
 
 logger = logging.getLogger(__name__)
@@ -126,8 +127,8 @@ def lookup(fetched: Fetched, prompt: list[int], tokenizer: Any) -> CacheLookup:
 
 def _snippets(tokenizer: Any, prompt: list[int], at: int) -> tuple[str, str]:
     try:
-        before = tokenizer.decode(prompt[max(0, at - _SNIPPET_TOKENS) : at])
-        after = tokenizer.decode(prompt[at : at + _SNIPPET_TOKENS])
+        before = decode_text(tokenizer, prompt[max(0, at - _SNIPPET_TOKENS) : at])
+        after = decode_text(tokenizer, prompt[at : at + _SNIPPET_TOKENS])
     except Exception:  # a tokenizer that cannot decode a cut sequence
         logger.debug("cannot decode the text around a prompt-cache divergence", exc_info=True)
         return "", ""

@@ -325,6 +325,8 @@ class EngineCore(KvBudget):
         c.cached_tokens += row.cached_tokens
         c.tool_calls += row.output.calls
         c.tool_call_parse_failures += row.output.failed_calls
+        c.images += row.images.count if row.images is not None else 0
+        c.vision_seconds += row.vision_seconds
         self.avg_generated = 0.9 * self.avg_generated + 0.1 * row.generated
 
     def fail(

@@ -103,6 +103,10 @@ class Counters:
     preemptions: int = 0
     preemptions_by_key: dict[str, int] = field(default_factory=dict)
     resumed: int = 0
+    # Images in completed requests' prompts, and the engine time their vision tower took
+    # (0 for images whose tokens came from the prompt cache).
+    images: int = 0
+    vision_seconds: float = 0.0
 
     def outcome(self, lane: str, outcome: str) -> None:
         self.requests[lane][outcome] += 1
@@ -117,4 +121,5 @@ class Counters:
         out["finished"] = sum(sum(v.values()) for v in self.requests.values())
         out["prefill_seconds"] = round(self.prefill_seconds, 3)
         out["decode_seconds"] = round(self.decode_seconds, 3)
+        out["vision_seconds"] = round(self.vision_seconds, 6)
         return out

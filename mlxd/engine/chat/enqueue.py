@@ -111,6 +111,7 @@ def prepare_queued_again(core: EngineCore) -> None:
             row.output = make_output(loaded, row.request, prepared.phase)
             row.matcher = prepared.constraint
             row.system_end, row.prompt_end = prepared.system_end, prepared.prompt_end
+            row.images = prepared.images
             row.prefetched = None
     if not loaded.capabilities.batchable:
         while core.pending:
@@ -164,4 +165,5 @@ def _row(
         extent=prepared.extent,
         system_end=prepared.system_end,
         prompt_end=prepared.prompt_end,
+        images=prepared.images,
     )

@@ -22,6 +22,7 @@ from mlxd.engine.chat import checkpoints
 from mlxd.engine.chat.grammar import ConstraintProcessor, GrammarError
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.output import initial_phase
+from mlxd.engine.chat.vision_intake import ImageSet, tokenize_images
 from mlxd.engine.checks import IntakeError, check_request
 from mlxd.engine.messages import (
     ChatPrompt,
@@ -73,14 +74,36 @@ def render(
 
 
 def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
-    """The prompt's token ids.
+    """The prompt's token ids (see :func:`tokenize_with_images`)."""
+    return tokenize_with_images(loaded, request)[0]
+
+
+def tokenize_with_images(
+    loaded: LoadedModel, request: GenerationRequest
+) -> tuple[list[int], ImageSet | None]:
+    """The prompt's token ids, and its images when it has any.
 
     Raises:
-        IntakeError: the chat template rejects the messages or the prompt
-            is empty. Token ids are checked before, by ``check_request``.
+        IntakeError: the chat template rejects the messages, the prompt
+            is empty, or it holds images the model cannot take (a text
+            model) or that cannot be decoded. Token ids are checked before,
+            by ``check_request``.
     """
     tokenizer = loaded.tokenizer
     prompt = request.prompt
+    if isinstance(prompt, ChatPrompt) and prompt.images:
+        if loaded.vision is None:
+            where = prompt.images[0].where
+            raise IntakeError(
+                f"{where}: the model '{loaded.info.id}' does not take images (it is not a "
+                "vision-language model); send text only, or ask a vision model",
+                code="invalid_image",
+                param=where,
+            )
+        ids, images = tokenize_images(loaded.vision, tokenizer, prompt)
+        if not ids:
+            raise IntakeError("the prompt is empty after tokenization", param="prompt")
+        return ids, images
     if isinstance(prompt, ChatPrompt):
         if tokenizer.has_chat_template:
             try:
@@ -114,7 +137,7 @@ def tokenize(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
     ids = list(ids)
     if not ids:
         raise IntakeError("the prompt is empty after tokenization", param="prompt")
-    return ids
+    return ids, None
 
 
 @dataclass(frozen=True)
@@ -132,6 +155,8 @@ class Prepared:
     # Where the system prefix and the reusable prompt end (mlxd.engine.chat.checkpoints).
     system_end: int | None = None
     prompt_end: int | None = None
+    # The prompt's images, for the vision tower (mlxd.engine.chat.vision).
+    images: ImageSet | None = None
 
 
 def check_tools(loaded: LoadedModel, request: GenerationRequest) -> Failed | None:
@@ -178,7 +203,7 @@ def prepare(
         return refused
     try:
         check_request(request, loaded.info)
-        prompt = tokenize(loaded, request)
+        prompt, images = tokenize_with_images(loaded, request)
     except IntakeError as exc:
         return Failed(exc.code, str(exc), 400, param=exc.param)
     ctx = loaded.info.context_length
@@ -209,7 +234,9 @@ def prepare(
     if isinstance(request.prompt, ChatPrompt):
         system_end = system_prefix_end(loaded, request.prompt, prompt)
         prompt_end = checkpoints.prompt_end(loaded.tokenizer, prompt)
-    return Prepared(prompt, max_tokens, decision, extent, phase, processor, system_end, prompt_end)
+    return Prepared(
+        prompt, max_tokens, decision, extent, phase, processor, system_end, prompt_end, images
+    )
 
 
 _SYSTEM_ROLES = ("system", "developer")

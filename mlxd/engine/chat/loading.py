@@ -20,12 +20,14 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.config import ModelSettings
 from mlxd.engine.chat.kv_caches import flatten
+from mlxd.engine.chat.vision_loading import vision_unsupported, wants_vision
 from mlxd.engine.messages import ModelInfo
 from mlxd.engine.policy.admission import CacheLayout, LayerLayout
 from mlxd.engine.policy.lanes import Capabilities
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.grammar import Grammars
+    from mlxd.engine.chat.vision_intake import Processor
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ class LoadedModel:
     cache_classes: tuple[str, ...] = ()
     # Every layer's cache can be cut back to any prefix (KVCache): no checkpoints needed.
     rewindable: bool = False
+    # A vision-language model's processor (mlxd.engine.chat.vision_intake), else None.
+    vision: Processor | None = None
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
@@ -216,8 +220,16 @@ def load_model(
         overrides["chat_template"] = _read_template(template)
     if parser:
         overrides["tool_parser_type"] = parser
+    vision = None
+    wanted = loader is None and wants_vision(settings, path)
+    if wanted and settings.vision is None and (why := vision_unsupported(path)):
+        # Detected, not asked for: serve it as text, as before vision models existed.
+        logger.warning("%s has a vision part, served as text only: %s", path, why)
+        wanted = False
     try:
-        if loader is not None:
+        if wanted:
+            model, tokenizer, config, vision = _load_vision(path, overrides)
+        elif loader is not None:
             model, tokenizer, config = loader(str(path), overrides)
         else:
             # With return_config, mlx_lm.load returns three values (its annotation allows two).
@@ -225,16 +237,29 @@ def load_model(
                 "tuple[Any, Any, dict[str, Any]]",
                 mlx_load(str(path), tokenizer_config=overrides, return_config=True),
             )
+    except ModelLoadError:
+        raise
     except Exception as exc:
         name = "sharded_load" if loader is not None else "mlx_lm.load"
         raise ModelLoadError(f"{name}({str(path)!r}) failed: {exc}") from exc
 
-    declared = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    text_config = config.get("text_config") or {}
+    declared = (
+        config.get("max_position_embeddings")
+        or config.get("max_seq_len")
+        or text_config.get("max_position_embeddings")
+        or 4096
+    )
     context = settings.max_context or int(declared)
     # mlx.utils is unannotated: a sum of ints from 0 is an int.
+    # A vision model's weights include the vision tower's and the projector's.
     weights = cast(
         int,
-        tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0),
+        tree_reduce(
+            lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc,
+            model.vlm if vision is not None else model,
+            0,
+        ),
     )
     layout, logits_width = measure_layout(model)
     fresh = make_prompt_cache(model)
@@ -258,11 +283,13 @@ def load_model(
         max_token_chars=max_token_chars(tokenizer),
         dtype=describe_dtype(model, config),
         weights_bytes=weights,
+        vision=vision is not None,
     )
     logger.info(
-        "loaded %s (%s, %s) in %.1fs: context %d, %d MiB of weights, KV cache layers: %s; %s",
+        "loaded %s (%s%s, %s) in %.1fs: context %d, %d MiB of weights, KV cache layers: %s; %s",
         model_id,
         info.family,
+        ", vision" if vision is not None else "",
         path,
         time.perf_counter() - started,
         context,
@@ -283,7 +310,17 @@ def load_model(
         grammars=grammars,
         cache_classes=cache_classes,
         rewindable=rewindable,
+        vision=vision,
     )
+
+
+def _load_vision(path: Path, overrides: dict[str, Any]) -> tuple[Any, Any, dict, Processor]:
+    from mlxd.engine.chat.vision_loading import VisionLoadError, load_vision
+
+    try:
+        return load_vision(path, overrides)
+    except VisionLoadError as exc:
+        raise ModelLoadError(str(exc)) from exc
 
 
 def describe_dtype(model: Any, config: dict[str, Any]) -> str:

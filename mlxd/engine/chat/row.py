@@ -93,6 +93,12 @@ class Row:
     resumed: bool = False
     # When the row last started running (its admission, or its resumption).
     started_mono: float = 0.0
+    # The prompt's images (mlxd.engine.chat.vision_intake.ImageSet), registered with
+    # the vision model while the row prefills.
+    images: Any = None
+    images_held: bool = False
+    # Seconds the vision tower ran for this row (0 when its images came from the cache).
+    vision_seconds: float = 0.0
 
     @property
     def id(self) -> str:

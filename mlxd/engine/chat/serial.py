@@ -33,6 +33,7 @@ from mlxd.engine.chat.sampling import (
     guard_processor,
     guard_sampler,
 )
+from mlxd.engine.chat.vision import guard_tokens, hold, let_go
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class SerialRun:
         self.cache = cache if cache is not None else make_prompt_cache(loaded.model)
         sampler = build_sampler(row.request, loaded.info.vocab_size)
         processors = build_processors(row.request, faults=faults, constraint=row.matcher)
+        if row.images is not None:
+            processors = [guard_tokens(p, row.images.placeholder) for p in processors]
         if row.request.sampling.seed is not None:
             # The serial lane runs alone, so the global generator is this row's.
             mx.random.seed(row.request.sampling.seed)
@@ -113,6 +116,7 @@ class SerialRun:
             prefill_step_size=prefill_step_size,
             prompt_progress_callback=self._tail_progress,
         )
+        hold(self._model, row, rest)  # the vision tower, for images still to prefill (last)
 
     def _generate(
         self, parts: list[list[int]], marks: list[tuple[int, Any]], start: int
@@ -178,6 +182,7 @@ class SerialRun:
             )
         if out is None:
             return self._end(started, prefill, "length")
+        let_go(self._model, row)  # the prefill is over
         # mlx-lm yields the token as an int (its annotation says array).
         token, logprobs = int(out[0]), out[1]
         is_eos = token in eos_ids
@@ -209,6 +214,7 @@ class SerialRun:
         return SerialStep(time.perf_counter() - started, prefill, ended=ended, **kw)
 
     def close(self) -> None:
+        let_go(self._model, self.row)
         self._steps.close()
         self._tail.close()
 

@@ -42,6 +42,8 @@ def _running_row(row: Row, now: float, kv_bytes: int, projected: int) -> Running
         priority=row.priority,
         key=row.request.client,
         preemptions=row.preemptions,
+        images=row.images.count if row.images is not None else 0,
+        image_tokens=len(row.images.ids) if row.images is not None else 0,
     )
 
 

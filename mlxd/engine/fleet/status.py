@@ -29,6 +29,7 @@ _CAPABILITIES = (
     "tool_format",
     "reasoning",
     "structured_output",
+    "vision",
     "batchable",
     "vocab_size",
     "max_token_chars",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlxd.config import LaneSettings
-from mlxd.engine.messages import GenerationRequest, Lane
+from mlxd.engine.messages import ChatPrompt, GenerationRequest, Lane
 
 
 @dataclass(frozen=True)
@@ -65,4 +65,7 @@ def decide(
         return LaneDecision("serial", "logit_bias")
     if request.constraint is not None and policy.constrained == "serial":
         return LaneDecision("serial", "constrained")
+    prompt = request.prompt
+    if isinstance(prompt, ChatPrompt) and prompt.images and policy.images == "serial":
+        return LaneDecision("serial", "images")
     return LaneDecision("batch", "batchable")
