@@ -11,17 +11,18 @@ Each field says how a change to it takes effect when the file is reloaded:
 swapped) or ``restart`` (reported as ``restart_required``, not applied).
 
 The package: ``units`` (byte sizes, durations), ``sections`` (one model per
-table), ``registry`` (the models a config names), ``issues`` (errors with keys
-and lines); this module builds and writes the whole.
+table; ``keys`` and ``batches`` hold their own), ``registry`` (the models a
+config names), ``issues`` (errors with keys and lines); this module builds and
+writes the whole.
 """
 
 from __future__ import annotations
 
+from mlxd.config.batches import BatchesSettings
 from mlxd.config.entry import ModelEntry
 from mlxd.config.issues import ConfigError, ConfigIssue, parse_toml
 from mlxd.config.loading import dump_toml, effective_toml, load_settings
 from mlxd.config.sections import (
-    BatchesSettings,
     BatchSettings,
     ClusterSettings,
     LaneChoice,

@@ -10,10 +10,10 @@ from typing import Any, cast
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, TomlConfigSettingsSource
 
+from mlxd.config.batches import BatchesSettings
 from mlxd.config.entry import ModelEntry
 from mlxd.config.keys import KEY_NAME, KeyEntry, SchedulingSettings
 from mlxd.config.sections import (
-    BatchesSettings,
     BatchSettings,
     ClusterSettings,
     LaneSettings,

@@ -15,10 +15,10 @@ from typing import Any
 import msgspec
 
 from mlxd.api import params
+from mlxd.api.anthropic.blocks import content_text, turn
 from mlxd.api.anthropic.system import join_reminder, merge_system
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.images import Images, text_part
-from mlxd.api.images import content as content_of
+from mlxd.api.images import Images
 from mlxd.api.openai.tools import (
     ToolPlan,
     history_message,
@@ -76,139 +76,11 @@ class MessagesCall:
     stream: bool
 
 
-def _text(block: Any, where: str) -> str | None:
-    """A text block's text; None for blocks that carry nothing the model reads again."""
-    if isinstance(block, str):
-        raise bad(
-            where,
-            "A content block must be an object such as {'type': 'text', 'text': ...}, "
-            "not a bare string (a whole 'content' may be one string).",
-        )
-    if not isinstance(block, dict):
-        raise bad(where, f"A content block must be an object, got {type(block).__name__}.")
-    kind = block.get("type")
-    if kind == "text":
-        if not isinstance(block.get("text"), str):
-            raise bad(f"{where}.text", "A text block needs a string 'text'.")
-        return block["text"]
-    if kind in ("thinking", "redacted_thinking"):
-        return None  # earlier reasoning is not fed back, as Anthropic's own API does
-    if kind == "image":
-        raise bad(where, "'image' blocks are taken in user messages only.")
-    if kind in ("document", "search_result"):
-        raise unsupported(where, f"mlxd takes text and images; {kind!r} blocks are not accepted.")
-    raise bad(f"{where}.type", f"Unexpected content block type {kind!r} here.")
-
-
-def _content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = (_text(b, f"{where}[{j}]") for j, b in enumerate(content))
-        return "".join(t for t in texts if t is not None)
-    raise bad(where, "'content' must be a string or a list of content blocks.")
-
-
 def _system(system: str | list[dict[str, Any]] | None) -> tuple[dict, ...]:
     if system is None:
         return ()
-    text = _content(system, "system")
+    text = content_text(system, "system")
     return ({"role": "system", "content": text},) if text else ()
-
-
-def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
-    name, call_id, args = block.get("name"), block.get("id"), block.get("input", {})
-    if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(args, dict):
-        raise bad(where, f"{where} (tool_use) needs string 'id' and 'name' and an object 'input'.")
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def _image(block: dict[str, Any], where: str, images: Images) -> dict[str, Any]:
-    """An ``image`` block with a base64 source as an image part."""
-    source = block.get("source")
-    if not isinstance(source, dict):
-        raise bad(f"{where}.source", "An image block needs a 'source' object.")
-    kind = source.get("type")
-    if not isinstance(kind, str):
-        raise bad(f"{where}.source.type", "An image source needs a 'type' ('base64').")
-    if kind == "url":
-        return images.data_url(source.get("url"), f"{where}.source.url")
-    if kind != "base64":
-        raise unsupported(
-            f"{where}.source.type", f"image sources of type {kind!r} (send type 'base64')."
-        )
-    return images.base64(source.get("data"), source.get("media_type"), f"{where}.source")
-
-
-def _tool_result(content: Any, where: str, images: Images) -> str | list[dict[str, Any]]:
-    """A tool_result's content: text, or text and images (a screenshot a tool took)."""
-    if not isinstance(content, list) or not any(
-        isinstance(b, dict) and b.get("type") == "image" for b in content
-    ):
-        return _content(content, where)
-    parts: list[dict[str, Any]] = []
-    for j, block in enumerate(content):
-        at = f"{where}[{j}]"
-        if isinstance(block, dict) and block.get("type") == "image":
-            parts.append(_image(block, at, images))
-        else:
-            text = _text(block, at)
-            if text is not None:
-                parts.append(text_part(text))
-    return content_of(parts)
-
-
-def _turn(role: str, content: Any, where: str, images: Images) -> list[dict]:
-    """One Anthropic message as chat messages: tool results become ``tool`` messages."""
-    if isinstance(content, str):
-        return [{"role": role, "content": content}]
-    if not isinstance(content, list):
-        raise bad(where, "'content' must be a string or a list of content blocks.")
-    out: list[dict] = []
-    texts: list[str] = []
-    parts: list[dict] = []
-    calls: list[dict] = []
-    for j, block in enumerate(content):
-        at = f"{where}[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "image" and role == "user":
-            assert isinstance(block, dict)
-            if texts:
-                parts.append(text_part("".join(texts)))
-                texts = []
-            parts.append(_image(block, at, images))
-        elif kind == "tool_use" and role == "assistant":
-            calls.append(_tool_use(block, at))
-        elif kind == "tool_result" and role == "user":
-            call_id = block.get("tool_use_id")
-            if not isinstance(call_id, str):
-                raise bad(f"{at}.tool_use_id", f"{at} (tool_result) needs 'tool_use_id'.")
-            result = _tool_result(block.get("content", ""), f"{at}.content", images)
-            if block.get("is_error"):
-                result = (
-                    f"Error: {result}"
-                    if isinstance(result, str)
-                    else [text_part("Error: "), *result]
-                )
-            out.append({"role": "tool", "tool_call_id": call_id, "content": result})
-        elif kind in ("tool_use", "tool_result"):
-            owner = "assistant" if kind == "tool_use" else "user"
-            raise bad(at, f"'{kind}' blocks belong in {owner} messages.")
-        elif kind in ("server_tool_use", "web_search_tool_result"):
-            raise unsupported(at, f"server tools ({kind!r}) are not implemented.")
-        else:
-            text = _text(block, at)
-            if text is not None:
-                texts.append(text)
-    if calls:
-        out.append({"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls})
-    elif parts:
-        if texts:
-            parts.append(text_part("".join(texts)))
-        out.append({"role": role, "content": parts})
-    elif texts or not out:
-        out.append({"role": role, "content": "".join(texts)})
-    return out
 
 
 def chat_messages(body: _MessagesBody, images: Images) -> tuple[dict, ...]:
@@ -233,13 +105,13 @@ def chat_messages(body: _MessagesBody, images: Images) -> tuple[dict, ...]:
         if "content" not in m:
             raise bad(f"{where}.content", f"{where} has no content.")
         if role == "system":
-            merge_system(out, _content(m["content"], f"{where}.content"), leading=leading)
+            merge_system(out, content_text(m["content"], f"{where}.content"), leading=leading)
             continue
         leading = False
-        turn = _turn(role, m["content"], f"{where}.content", images)
-        _check_results(turn, calls, where)
-        calls = {c["id"] for msg in turn for c in msg.get("tool_calls") or ()}
-        for msg in turn:
+        msgs = turn(role, m["content"], f"{where}.content", images)
+        _check_results(msgs, calls, where)
+        calls = {c["id"] for msg in msgs for c in msg.get("tool_calls") or ()}
+        for msg in msgs:
             if msg["role"] == "tool" or msg.get("tool_calls"):
                 try:
                     msg = history_message(msg, i, msg.get("content"))
