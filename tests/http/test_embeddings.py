@@ -81,7 +81,9 @@ def test_float_vectors_with_usage(client, tokenizer, daemon):
     tokens = sum(len(tokenizer(t)["input_ids"]) for t in TEXTS)
     assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
     # The request log line counts inputs and tokens apart (issue 22).
-    line = f"POST /v1/embeddings 200 model=emb inputs={len(TEXTS)} prompt={tokens} duration="
+    # (This daemon takes an API key: its name leads the fields.)
+    fields = f"model=emb inputs={len(TEXTS)} prompt={tokens} duration="
+    line = f"POST /v1/embeddings 200 key=api_keys[0] {fields}"
     deadline = time.monotonic() + 10
     while line not in daemon.log() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,4 +1,4 @@
-"""The headless Chromium the dashboard tests drive (through Playwright): one per session.
+"""The headless Chromium the browser tests drive (through Playwright), shared while they run.
 
 Fixtures (registered in ``tests/conftest.py``):
 
@@ -8,8 +8,9 @@ Fixtures (registered in ``tests/conftest.py``):
   browser contexts (own cookies), all closed when the test ends.
 
 Playwright's sync API keeps an event loop running on the main thread while it is
-started, so ``asyncio.run`` fails meanwhile: Chromium is closed right after the
-last test that uses it (and the browser tests live together, in tests/dashboard).
+started, so ``asyncio.run`` fails meanwhile: Chromium is closed after each run of
+consecutive browser tests (most live together in tests/dashboard, so it is
+launched a few times a session, not once per test).
 Without Chromium the tests skip, unless ``MLXD_REQUIRE_BROWSER=1`` (CI) makes that
 a failure.
 """
@@ -94,7 +95,6 @@ class Chromium:
 
 
 _CHROMIUM = pytest.StashKey[Chromium]()
-_LAST_USER = pytest.StashKey[str]()
 
 
 def _chromium(config: pytest.Config) -> Chromium:
@@ -108,7 +108,7 @@ def _uses_browser(item: pytest.Item) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Check the ``browser`` marker against the fixture; note the last test using Chromium."""
+    """Check the ``browser`` marker against the fixture."""
     wrong = [
         i.nodeid
         for i in session.items
@@ -119,9 +119,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             "a test uses the browser (or pages) fixture exactly when it is marked "
             f"@pytest.mark.browser; these are not: {', '.join(wrong)}"
         )
-    users = [i.nodeid for i in session.items if _uses_browser(i)]
-    if users:
-        session.config.stash[_LAST_USER] = users[-1]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -129,8 +126,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         return (yield)
     finally:
-        # After the last browser test (its pages are closed by now), or at the very end.
-        if nextitem is None or item.nodeid == item.config.stash.get(_LAST_USER, None):
+        # After each run of browser tests (their pages are closed by now): the next
+        # test may call asyncio.run, which fails while Playwright's loop runs.
+        if nextitem is None or not _uses_browser(nextitem):
             _chromium(item.config).close()
 
 
