@@ -60,7 +60,8 @@ async def find_file(batches: BatchService, request: Request, file_id: str) -> Fi
     return row
 
 
-def _limit(value: int | None, default: int, top: int) -> int:
+def page_limit(value: int | None, default: int, top: int) -> int:
+    """A list route's ``limit``: ``default`` when absent, else 1 to ``top`` (else 400)."""
     if value is None:
         return default
     if not 1 <= value <= top:
@@ -68,6 +69,17 @@ def _limit(value: int | None, default: int, top: int) -> int:
             400, f"'limit' must be between 1 and {top}.", code="invalid_value", param="limit"
         )
     return value
+
+
+def list_page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    """One page of a list route, as OpenAI's SDK pages it (``after`` = ``last_id``)."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": more,
+    }
 
 
 class FilesController(Controller):
@@ -139,18 +151,11 @@ class FilesController(Controller):
             raise OpenAIError(
                 400, "'order' must be 'asc' or 'desc'.", code="invalid_value", param="order"
             )
-        count = _limit(limit, 10_000, 10_000)
+        count = page_limit(limit, 10_000, 10_000)
         rows = await batches.store.call(
             batches.store.list_files, owner(request), purpose, after, count + 1, order
         )
-        data = [file_json(r) for r in rows[:count]]
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": len(rows) > count,
-        }
+        return list_page([file_json(r) for r in rows[:count]], len(rows) > count)
 
     @get("/{file_id:str}")
     async def retrieve(self, request: Request, mlxd: Mlxd, file_id: FromPath[str]) -> dict:

@@ -17,7 +17,7 @@ from litestar import Controller, Request, get, post
 from litestar.params import FromPath, FromQuery
 
 from mlxd.api import params
-from mlxd.api.batches.files import find_file
+from mlxd.api.batches.files import find_file, list_page, page_limit
 from mlxd.api.batches.jsonl import ENDPOINTS
 from mlxd.api.batches.service import BatchService, owner, service
 from mlxd.api.batches.store import BatchRow, new_id
@@ -175,22 +175,12 @@ class BatchesController(Controller):
         limit: FromQuery[int | None] = None,
     ) -> dict[str, Any]:
         batches = service(mlxd)
-        count = 20 if limit is None else limit
-        if not 1 <= count <= 100:
-            raise OpenAIError(
-                400, "'limit' must be between 1 and 100.", code="invalid_value", param="limit"
-            )
+        count = page_limit(limit, 20, 100)
         rows = await batches.store.call(
             batches.store.list_batches, owner(request), after, count + 1
         )
         data = [batch_json(batches, _live(batches, r)) for r in rows[:count]]
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": len(rows) > count,
-        }
+        return list_page(data, len(rows) > count)
 
     @get("/{batch_id:str}")
     async def retrieve(self, request: Request, mlxd: Mlxd, batch_id: FromPath[str]) -> dict:
