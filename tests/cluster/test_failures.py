@@ -89,8 +89,11 @@ def test_kill_9_of_rank_1_under_load(tmp_path, tiny_models):
             seen = [f.result(timeout=30) for f in clients]
             answered = plain.result(timeout=30)
         assert code not in (None, 0), c.logs()
-        # About 2 s on an idle machine (detection is immediate, then 1 s to flush errors).
+        # About 2 s on an idle machine: the collective raises, or (when MLX's ring leaves it
+        # waiting) the watchdog sees the closed link within a second; then 1 s to flush errors.
         assert took < 20, took
+        lost = [line for line in c.rank0.log().splitlines() if "cluster lost" in line]
+        assert lost and "step_timeout" not in lost[0], lost
         assert not_ready is None or "cluster peer_lost" in not_ready["reason"], not_ready
         for s in seen:
             assert not s["done"], s  # nobody got a normal end of stream
@@ -100,6 +103,32 @@ def test_kill_9_of_rank_1_under_load(tmp_path, tiny_models):
         assert explicit and all(s["error"]["code"] == "peer_lost" for s in explicit), seen
         log = c.rank0.log()
         assert "peer" in log and f"exiting with status {code}" in log
+    finally:
+        c.stop()
+
+
+def test_kill_9_of_rank_0_ends_the_follower_long_before_step_timeout(tmp_path, tiny_models):
+    hostfile = write_hostfile(tmp_path, 2)
+    config = cluster_config(tiny_models("llama"), hostfile, cluster={"step_timeout": 30.0})
+    c = Cluster(tmp_path, config).start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            client = pool.submit(_stream, c.rank0.url, c.rank0.model_id(), [5, 17, 42])
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                rows = c.rank0.stats()["rows"]
+                if rows and rows[0]["generated_tokens"] >= 2:
+                    break
+                time.sleep(0.05)
+            killed_at = time.monotonic()
+            c.ranks[0].proc.send_signal(signal.SIGKILL)
+            code = c.wait_exit(1, 40)
+            took = time.monotonic() - killed_at
+            assert client.result(timeout=30)["error"] is not None
+        assert code == 3, c.logs()
+        assert took < 15, took
+        log = c.ranks[1].log()
+        assert "exiting with status 3" in log and "for more than step_timeout" not in log, log
     finally:
         c.stop()
 

@@ -20,6 +20,7 @@ from types import FrameType
 
 from mlxd.config import Settings
 from mlxd.engine.cluster.join import ClusterError, Membership, join
+from mlxd.engine.cluster.links import Links
 from mlxd.engine.cluster.plan import (
     Collectives,
     Load,
@@ -57,11 +58,13 @@ class Follower:
         # Why this rank lost the cluster, when :meth:`run` returned EXIT_LOST.
         self.lost: str | None = None
         # Rank 0 plans every step and sends an empty plan every HEARTBEAT_S when idle.
+        self.links = Links()
         self.watchdog = Watchdog(
             self.settings.step_timeout,
             leave,
             waiting="no plan has come from rank 0",
             culprit="rank 0",
+            probe=self.links.closed,
         )
 
     def run(self) -> int:
@@ -105,6 +108,7 @@ class Follower:
 
     def _join(self) -> Collectives:
         col = Collectives(join(self.member, self.settings.join_timeout))
+        self.links.find(self.member.endpoints, col.rank)
         hosts = col.gather_text(socket.gethostname())
         logger.info(
             "rank %d of %d joined (%s); waiting for rank 0's plans",

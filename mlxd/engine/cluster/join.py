@@ -42,6 +42,8 @@ class Membership:
     backend: str
     hostfile: str | None
     addresses: tuple[str, ...]  # one line per rank, for messages
+    # Every rank's hostfile addresses ("ip:port"), by rank: how links.Links finds the ring.
+    endpoints: tuple[tuple[str, ...], ...] = ()
 
 
 def _read_hostfile(path: str) -> list[Any]:
@@ -81,15 +83,15 @@ def membership(settings: ClusterSettings) -> Membership:
         rank = int(env)
     hostfile = settings.hostfile or os.environ.get("MLX_HOSTFILE")
     addresses: tuple[str, ...] = ()
+    endpoints: tuple[tuple[str, ...], ...] = ()
     world = 0
     if hostfile:
         # mlx.launch passes the list inline or as a path.
         text = hostfile.strip()
         entries = json.loads(text) if text.startswith("[") else _read_hostfile(hostfile)
         world = len(entries)
-        addresses = tuple(
-            ", ".join(map(str, e)) if isinstance(e, list) else str(e) for e in entries
-        )
+        endpoints = tuple(tuple(map(str, e)) if isinstance(e, list) else (str(e),) for e in entries)
+        addresses = tuple(", ".join(e) for e in endpoints)
     elif settings.backend != "jaccl" and not os.environ.get("MLX_IBV_DEVICES"):
         raise ClusterError(
             "[cluster] is set but no hostfile is known: set [cluster] hostfile or MLX_HOSTFILE "
@@ -100,7 +102,7 @@ def membership(settings: ClusterSettings) -> Membership:
     os.environ["MLX_RANK"] = str(rank)
     if settings.hostfile:
         os.environ["MLX_HOSTFILE"] = str(Path(settings.hostfile).expanduser())
-    return Membership(rank, world, settings.backend, hostfile, addresses)
+    return Membership(rank, world, settings.backend, hostfile, addresses, endpoints)
 
 
 def check_shardable(path: Path, sharding: str, world: int) -> str:

@@ -27,6 +27,7 @@ from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.prompt_cache import PromptCache
 from mlxd.engine.chat.serial import SerialRun
 from mlxd.engine.cluster.join import Membership
+from mlxd.engine.cluster.links import Links
 from mlxd.engine.cluster.mirrored import (
     MirroredBatchLane,
     MirroredPromptCache,
@@ -82,11 +83,13 @@ class Leader:
         self.comm_plans = 0
         self.plan_bytes = 0
         self.events: deque[ClusterEvent] = deque(maxlen=16)
+        self.links = Links()
         self.watchdog = Watchdog(
             settings.step_timeout,
             self.fatal,
             waiting="a step has waited on the other ranks",
             culprit="a peer",
+            probe=self.links.closed,
         )
         # Set by whoever runs the process (the server): ends it, non-zero.
         self.on_fatal: Callable[[str, int], None] = lambda message, code: None
@@ -100,6 +103,7 @@ class Leader:
         import mlx.core as mx
 
         self.collectives = Collectives(group)
+        self.links.find(self.member.endpoints, self.collectives.rank)
         self.hosts = self.collectives.gather_text(socket.gethostname())
         seed = secrets.randbits(31)
         mx.random.seed(seed)

@@ -5,8 +5,10 @@ fails"), so every rank runs a :class:`Watchdog` over its waits on the others:
 rank 0 over each plan it broadcasts and the step that follows, a follower
 over the wait for rank 0's next plan. An idle rank 0 sends an empty plan at
 least every :data:`HEARTBEAT_S`, so a follower never waits long in a healthy
-cluster. A wait longer than ``step_timeout``, a failed collective or a
-digest mismatch ends the process through :func:`leave` (rank 0:
+cluster. A wait longer than ``step_timeout``, a wait of more than
+:data:`PROBE_AFTER_S` on a peer whose connection is closed (:mod:`.links`:
+MLX's ring does not always raise when a peer dies), a failed collective or
+a digest mismatch ends the process through :func:`leave` (rank 0:
 :func:`leave_soon`) with :data:`EXIT_LOST`, so a supervisor restarts the
 whole group.
 """
@@ -25,12 +27,17 @@ logger = logging.getLogger(__name__)
 
 # An idle rank 0 broadcasts an empty plan at least this often (seconds).
 HEARTBEAT_S = 0.1
+# A wait this long (seconds) has the links probed for a peer that closed them.
+PROBE_AFTER_S = 0.5
+# How often the watch looks at the wait under way (seconds, at most).
+POLL_S = 0.25
 # The exit status of a rank that lost the cluster (a peer died, hung or diverged).
 EXIT_LOST = 3
 
 
 class Watchdog:
-    """Calls ``on_timeout`` once when a wait on the other ranks outlasts ``timeout``.
+    """Calls ``on_timeout`` once when a wait on the other ranks outlasts ``timeout``,
+    or sooner when ``probe`` finds a peer gone.
 
     The owner arms it when a wait starts and disarms it when the wait ends
     (or before one that may rightly take long, such as loading a shard);
@@ -43,12 +50,22 @@ class Watchdog:
         on_timeout: Called with the reason, on the watchdog's thread.
         waiting: What waited, for the reason ("no plan has come from rank 0").
         culprit: Who is to blame, for the reason ("rank 0").
+        probe: Asked during a wait longer than :data:`PROBE_AFTER_S`: why a
+            peer is surely gone (:meth:`.links.Links.closed`), or ``None``.
     """
 
     def __init__(
-        self, timeout: float, on_timeout: Callable[[str], None], *, waiting: str, culprit: str
+        self,
+        timeout: float,
+        on_timeout: Callable[[str], None],
+        *,
+        waiting: str,
+        culprit: str,
+        probe: Callable[[], str | None] | None = None,
     ):
         self.timeout = timeout
+        self.probe = probe
+        self._waiting = waiting
         self._on_timeout = on_timeout
         self._reason = (
             f"{waiting} for more than step_timeout ({timeout:g}s): "
@@ -75,12 +92,25 @@ class Watchdog:
         self._stopped.set()
 
     def _watch(self) -> None:
-        while not self._stopped.wait(min(1.0, self.timeout / 10)):
-            since = self._since
-            if since is not None and time.monotonic() - since > self.timeout:
+        while not self._stopped.wait(min(POLL_S, self.timeout / 10)):
+            why = self._why()
+            if why is not None:
                 self._stopped.set()
-                self._on_timeout(self._reason)
+                self._on_timeout(why)
                 return
+
+    def _why(self) -> str | None:
+        since = self._since
+        if since is None:
+            return None
+        waited = time.monotonic() - since
+        if waited > self.timeout:
+            return self._reason
+        if self.probe is not None and waited > PROBE_AFTER_S:
+            gone = self.probe()
+            if gone is not None and self._since == since:
+                return f"{self._waiting}, but {gone}: the rank exited or its host went down"
+        return None
 
 
 def leave(message: str, code: int = EXIT_LOST) -> NoReturn:
