@@ -32,9 +32,10 @@ logger = logging.getLogger(__name__)
 
 # Where a process lists its open descriptors (Linux and macOS).
 FD_DIR = "/dev/fd"
-# poll() events that mean the peer is gone: hung up, an error (a reset), and on
-# Linux a half-close, which is seen even while unread bytes wait before it.
-_HUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+# poll() events that mean the peer is gone: hung up both ways, or an error (a reset).
+# A half-close shows as an empty peek once the bytes before it are read: a rank
+# that sent its last plan and exited 0 is not gone until its neighbours read it.
+_HUP = select.POLLHUP | select.POLLERR
 
 Address: TypeAlias = tuple[str, int]
 Pair: TypeAlias = tuple[Address, Address]
