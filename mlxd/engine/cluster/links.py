@@ -115,7 +115,7 @@ def _find(mine: set[Address], theirs: dict[Address, int]) -> list[Link]:
         return []
     # By (local, remote) address: the listing may name a descriptor that our own dup
     # reuses once listdir's has closed, and one connection must count once.
-    found: dict[tuple[tuple[str, int], tuple[str, int]], Link] = {}
+    found: dict[Pair, Link] = {}
     for name in names:
         if not name.isdigit():
             continue
