@@ -60,6 +60,14 @@ def test_the_links_are_the_connections_to_and_from_the_hostfile_addresses(ring):
         links.close()
 
 
+def _closed_within(links: Links, seconds: float) -> str | None:
+    """What :meth:`Links.closed` says once it says something, or ``None`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while (gone := links.closed()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return gone
+
+
 @pytest.mark.parametrize("end", ["in", "out"])
 def test_a_peer_closing_either_link_is_seen_once_its_bytes_are_read(ring, end):
     endpoints, far, near = ring
@@ -74,10 +82,7 @@ def test_a_peer_closing_either_link_is_seen_once_its_bytes_are_read(ring, end):
         # plan and exited 0 is not lost to the others).
         assert links.closed() is None
         assert sock.recv(2) == b"xy"  # the peeks took nothing from the ring's own reader
-        deadline = time.monotonic() + 5
-        while links.closed() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        gone = links.closed()
+        gone = _closed_within(links, 5)
         assert gone is not None
         assert "{}:{}".format(*sock.getpeername()[:2]) in gone
     finally:
@@ -146,9 +151,6 @@ def test_a_reset_link_is_seen_at_once(ring):
     try:
         far["out"].setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         far["out"].close()  # linger 0: an RST
-        deadline = time.monotonic() + 5
-        while links.closed() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert links.closed() == f"rank 1 at {endpoints[1][0]} closed its connection"
+        assert _closed_within(links, 5) == f"rank 1 at {endpoints[1][0]} closed its connection"
     finally:
         links.close()
