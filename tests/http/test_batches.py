@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.daemon import toml_config
 from tests.support.stats_schema import check_schema, documented_fields
+from tests.support.tinyembed import chat_and_embedding_registry
 
 KEY = "sk-batch-test"
 OTHER = "sk-batch-other"
@@ -29,22 +30,10 @@ OTHER = "sk-batch-other"
 VOLATILE = {"id", "created", "created_at", "system_fingerprint", "cached_tokens"}
 
 
-def registry(tiny_models, tiny_embedding_model) -> dict:
-    return {
-        "chat": {"path": str(tiny_models("llama")), "default": True},
-        "emb": {
-            "path": str(tiny_embedding_model),
-            "kind": "embedding",
-            "aliases": ["text-embedding-3-small"],
-            "batch": {"size": 4},
-        },
-    }
-
-
 @pytest.fixture(scope="module")
 def daemon(daemons, tiny_models, tiny_embedding_model):
     config = toml_config(
-        models=registry(tiny_models, tiny_embedding_model),
+        models=chat_and_embedding_registry(tiny_models, tiny_embedding_model),
         server={"api_keys": [KEY, OTHER]},
         batch={"size": 4},
         batches={"max_file_bytes": "64KiB", "max_lines": 40, "upload_timeout": 2.0},

@@ -12,28 +12,17 @@ import numpy as np
 import pytest
 
 from tests.support.daemon import Daemon, toml_config
+from tests.support.tinyembed import chat_and_embedding_registry
 
 KEY = "sk-embed-test"
 TEXTS = ["hello river world", "The boats rock gently at their ropes.", "Why is the sky blue?"]
 DIMS = 64  # tinyembed.EMBED_CONFIG["hidden_size"]
 
 
-def registry(tiny_models, tiny_embedding_model) -> dict:
-    return {
-        "chat": {"path": str(tiny_models("llama")), "default": True},
-        "emb": {
-            "path": str(tiny_embedding_model),
-            "kind": "embedding",
-            "aliases": ["text-embedding-3-small"],
-            "batch": {"size": 4},
-        },
-    }
-
-
 @pytest.fixture(scope="module")
 def daemon(daemons, tiny_models, tiny_embedding_model):
     config = toml_config(
-        models=registry(tiny_models, tiny_embedding_model),
+        models=chat_and_embedding_registry(tiny_models, tiny_embedding_model),
         server={"api_keys": [KEY]},
         limits={"max_body_bytes": 8 * 1024 * 1024},
     )
@@ -278,7 +267,7 @@ def test_without_the_extra_the_model_fails_to_load_and_chat_keeps_serving(
     (blocker / "__init__.py").write_text(
         "raise ImportError(\"No module named 'mlx_embeddings'\")\n"
     )
-    config = toml_config(models=registry(tiny_models, tiny_embedding_model))
+    config = toml_config(models=chat_and_embedding_registry(tiny_models, tiny_embedding_model))
     d = Daemon(tmp_path / "d", config, env={"PYTHONPATH": str(blocker.parent)}).start()
     try:
         with d.client() as http:
@@ -309,7 +298,7 @@ def test_unknown_parameters_are_dropped_when_the_config_says_ignore(
     tmp_path, tiny_models, tiny_embedding_model
 ):
     config = toml_config(
-        models=registry(tiny_models, tiny_embedding_model),
+        models=chat_and_embedding_registry(tiny_models, tiny_embedding_model),
         server={"unknown_parameters": "ignore"},
     )
     d = Daemon(tmp_path / "d", config).start()
@@ -334,7 +323,7 @@ def test_an_embedding_model_shares_the_memory_budget_with_chat(
 ):
     # Room for either model (weights: chat 0.86 MB, emb 0.42 MB; plus a row of the chat's
     # KV), not both: each load evicts the other, idle one, and requests still succeed.
-    models = registry(tiny_models, tiny_embedding_model)
+    models = chat_and_embedding_registry(tiny_models, tiny_embedding_model)
     models["chat"]["prompt_cache"] = {"max_bytes": 0, "max_entries": 0}
     config = toml_config(models=models, memory={"budget": 1_200_000})
     d = Daemon(tmp_path / "d", config).start()
@@ -367,7 +356,7 @@ def test_an_embedding_model_shares_the_memory_budget_with_chat(
 
 
 def test_a_reload_adds_and_removes_the_embedding_model(tmp_path, tiny_models, tiny_embedding_model):
-    both = registry(tiny_models, tiny_embedding_model)
+    both = chat_and_embedding_registry(tiny_models, tiny_embedding_model)
     chat_only = {"chat": both["chat"]}
     d = Daemon(tmp_path / "d", toml_config(models=chat_only)).start()
     try:
@@ -413,7 +402,7 @@ def test_a_reload_adds_and_removes_the_embedding_model(tmp_path, tiny_models, ti
 def test_a_reload_changes_the_batch_size_of_a_loaded_embedding_model(
     tmp_path, tiny_models, tiny_embedding_model
 ):
-    models = registry(tiny_models, tiny_embedding_model)
+    models = chat_and_embedding_registry(tiny_models, tiny_embedding_model)
     d = Daemon(tmp_path / "d", toml_config(models=models)).start()
     try:
         with d.client() as http:

@@ -25,19 +25,15 @@ like :func:`tinymodels.tiny_model_dir`).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tests.support.tinymodels import _CORPUS, _tokenizer_json_with, cache_root
+from tests.support.tinymodels import _CORPUS, _tokenizer_json_with, build_once, cache_root
 
 __all__ = [
     "EMBED_CONFIG",
@@ -194,22 +190,7 @@ def _cached(
     name: str, extra: dict[str, Any], seed: int, cache_dir: Path | None, build: Any
 ) -> Path:
     root = (Path(cache_dir) if cache_dir is not None else cache_root()) / CONTENT_VERSION
-    final = root / f"{name}-{_content_key(extra, seed)}"
-    if final.is_dir():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
-        build(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(tmp)
-    return final
+    return build_once(root / f"{name}-{_content_key(extra, seed)}", build)
 
 
 def tiny_embedding_dir(*, seed: int = 0, cache_dir: Path | None = None) -> Path:
@@ -382,3 +363,16 @@ def tiny_encoder_dir(family: str, *, seed: int = 0, cache_dir: Path | None = Non
         f"{family}-embed-{seed}", {"config": ENCODER_FAMILIES[family]}, seed, cache_dir,
         lambda tmp: build_tiny_encoder(family, tmp, seed=seed),
     )  # fmt: skip
+
+
+def chat_and_embedding_registry(tiny_models: Any, embedding: Path) -> dict[str, Any]:
+    """A ``[models]`` registry: the tiny llama (default) and the embedding model ``embedding``."""
+    return {
+        "chat": {"path": str(tiny_models("llama")), "default": True},
+        "emb": {
+            "path": str(embedding),
+            "kind": "embedding",
+            "aliases": ["text-embedding-3-small"],
+            "batch": {"size": 4},
+        },
+    }

@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -430,17 +431,22 @@ def _tokenizer_config(template: str = "chatml") -> dict[str, Any]:
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "chat_template": chat_template,
-        "added_tokens_decoder": {
-            str(i): {
-                "content": tok,
-                "lstrip": False,
-                "normalized": False,
-                "rstrip": False,
-                "single_word": False,
-                "special": True,
-            }
-            for tok, i in sorted(ids.items(), key=lambda kv: kv[1])
-        },
+        "added_tokens_decoder": added_tokens_decoder(ids),
+    }
+
+
+def added_tokens_decoder(ids: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """``tokenizer_config.json``'s ``added_tokens_decoder`` for special tokens ``ids``."""
+    return {
+        str(i): {
+            "content": tok,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for tok, i in sorted(ids.items(), key=lambda kv: kv[1])
     }
 
 
@@ -591,12 +597,23 @@ def tiny_model_dir(
     root = (Path(cache_dir) if cache_dir is not None else cache_root()) / CONTENT_VERSION
     name = family if template == "chatml" else f"{family}+{template}"
     final = root / f"{name}-{dtype}-{seed}-{_content_key(family, template)}"
+    return build_once(
+        final, lambda tmp: build_tiny_model(family, tmp, dtype=dtype, seed=seed, template=template)
+    )
+
+
+def build_once(final: Path, build: Callable[[Path], object]) -> Path:
+    """``final``, built by ``build(tmp)`` into a temporary sibling and renamed into place.
+
+    A reader never sees a half-written model, and two racing processes both end up
+    with the same complete directory.
+    """
     if final.is_dir():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        build_tiny_model(family, tmp, dtype=dtype, seed=seed, template=template)
+        build(tmp)
         try:
             os.rename(tmp, final)
         except OSError:

@@ -17,12 +17,8 @@ families' own templates do. Use :func:`tiny_vlm_dir` for a cached build.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -166,17 +162,7 @@ def _tokenizer_config(family: str) -> dict[str, Any]:
     ids = tm._special_ids(added)
     config = tm._tokenizer_config("chatml")
     config["chat_template"] = _template(_FAMILIES[family]["marker"])
-    config["added_tokens_decoder"] = {
-        str(i): {
-            "content": tok,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for tok, i in sorted(ids.items(), key=lambda kv: kv[1])
-    }
+    config["added_tokens_decoder"] = tm.added_tokens_decoder(ids)
     if family == "gemma3":
         config["extra_special_tokens"] = {
             "boi_token": "<start_of_image>",
@@ -240,18 +226,4 @@ def tiny_vlm_dir(family: str, *, seed: int = 0, cache_dir: Path | None = None) -
         raise ValueError(f"unknown tiny VLM family {family!r}; one of {FAMILIES}")
     root = (Path(cache_dir) if cache_dir is not None else tm.cache_root()) / "vlm"
     final = root / f"{family}-{seed}-{_content_key(family)}"
-    if final.is_dir():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
-        build_tiny_vlm(family, tmp, seed=seed)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(tmp)
-    return final
+    return tm.build_once(final, lambda tmp: build_tiny_vlm(family, tmp, seed=seed))
