@@ -49,6 +49,16 @@ def _header(response: Any) -> dict[str, Any]:
     return parse_header(value)
 
 
+def _openai_counts(raw: Any, stream: bool) -> tuple[dict, int, int]:
+    """(header, usage prompt tokens, usage cached tokens) of a chat or text completion."""
+    if not stream:
+        usage = raw.parse().usage
+    else:
+        usage = [c.usage for c in raw.parse() if c.usage is not None][-1]
+    assert usage is not None and usage.prompt_tokens_details is not None
+    return _header(raw), usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0
+
+
 # ---------------------------------------------------------------- the header and the usage
 
 
@@ -60,12 +70,7 @@ def _chat(d: Daemon, stream: bool, user: str) -> tuple[dict, int, int]:
     if stream:
         kw |= {"stream": True, "stream_options": {"include_usage": True}}
     raw = client.chat.completions.with_raw_response.create(**kw)
-    if not stream:
-        usage = raw.parse().usage
-    else:
-        usage = [c.usage for c in raw.parse() if c.usage is not None][-1]
-    assert usage is not None and usage.prompt_tokens_details is not None
-    return _header(raw), usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0
+    return _openai_counts(raw, stream)
 
 
 def _completion(d: Daemon, stream: bool, user: str) -> tuple[dict, int, int]:
@@ -74,12 +79,7 @@ def _completion(d: Daemon, stream: bool, user: str) -> tuple[dict, int, int]:
     if stream:
         kw |= {"stream": True, "stream_options": {"include_usage": True}}
     raw = client.completions.with_raw_response.create(**kw)
-    if not stream:
-        usage = raw.parse().usage
-    else:
-        usage = [c.usage for c in raw.parse() if c.usage is not None][-1]
-    assert usage is not None and usage.prompt_tokens_details is not None
-    return _header(raw), usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0
+    return _openai_counts(raw, stream)
 
 
 def _response(d: Daemon, stream: bool, user: str) -> tuple[dict, int, int]:

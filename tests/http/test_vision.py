@@ -15,6 +15,7 @@ import io
 import random
 import struct
 import zlib
+from typing import Any
 
 import anthropic
 import httpx
@@ -149,21 +150,20 @@ def test_the_three_apis_give_the_same_answer_about_the_same_image(daemon):
         max_output_tokens=TOKENS,
     )
     claude = anthropic.Anthropic(base_url=daemon.url, api_key="unused", max_retries=0)
+    image = {"type": "base64", "media_type": "image/png", "data": b64(RED)}
+    anthropic_turn: Any = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "describe this"},
+                {"type": "image", "source": image},
+            ],
+        }
+    ]
     message = claude.messages.create(
         model="vlm",
         max_tokens=TOKENS,
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "describe this"},
-                    {
-                        "type": "image",
-                        "source": {"type": "base64", "media_type": "image/png", "data": b64(RED)},
-                    },
-                ],
-            }
-        ],
+        messages=anthropic_turn,
     )
     text = chat.choices[0].message.content
     assert text and response.output_text == text
@@ -175,18 +175,7 @@ def test_the_three_apis_give_the_same_answer_about_the_same_image(daemon):
     )
     count = claude.messages.count_tokens(
         model="vlm",
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "describe this"},
-                    {
-                        "type": "image",
-                        "source": {"type": "base64", "media_type": "image/png", "data": b64(RED)},
-                    },
-                ],
-            }
-        ],
+        messages=anthropic_turn,
     )
     assert count.input_tokens == chat.usage.prompt_tokens
     with daemon.client() as http:
