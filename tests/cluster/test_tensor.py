@@ -27,7 +27,7 @@ PROMPTS = [
     [9, 180],
     [33, 44, 55, 66, 77, 88, 99, 111, 122, 133, 144, 155, 166, 177, 188, 199, 210, 221],
 ]
-SHORT, LONG = 12, 60
+SHORT, LONG = 12, 200
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +137,14 @@ def _wait_idle(c: Cluster, timeout: float = 30) -> dict:
     raise TimeoutError("the cluster stayed busy")
 
 
+def _wait_rows(c: Cluster, n: int, timeout: float = 30) -> None:
+    """Wait until ``n`` batch rows decode, so a request sent now finds them running."""
+    deadline = time.monotonic() + timeout
+    while c.rank0.stats()["batch"]["active_rows"] < n:
+        assert time.monotonic() < deadline, "the batch never started"
+        time.sleep(0.02)
+
+
 def test_disconnect_mid_stream_keeps_ranks_in_step(cluster, reference):
     with cluster.rank0.client() as http:
         model = http.get("/v1/models").json()["data"][0]["id"]
@@ -161,7 +169,7 @@ def test_seeded_request_drains_the_batch(cluster, reference):
     drains_before = cluster.rank0.stats()["counters"]["drains"]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         batch = [pool.submit(complete, cluster, p, LONG) for p in PROMPTS[:2]]
-        time.sleep(0.5)
+        _wait_rows(cluster, 2)
         seeded = pool.submit(complete, cluster, PROMPTS[2], SHORT, seed=3)
         results = [f.result() for f in batch]
         serial = seeded.result()
