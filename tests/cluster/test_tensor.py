@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
-import time
 
 import httpx
 import pytest
@@ -127,24 +126,6 @@ def test_structured_output_masks_the_same_tokens_on_every_rank(cluster):
     assert after["plans"] - before >= 16 and after["state"] == "ready"
 
 
-def _wait_idle(c: Cluster, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stats = c.rank0.stats()
-        if not stats["busy"]:
-            return stats
-        time.sleep(0.1)
-    raise TimeoutError("the cluster stayed busy")
-
-
-def _wait_rows(c: Cluster, n: int, timeout: float = 30) -> None:
-    """Wait until ``n`` batch rows decode, so a request sent now finds them running."""
-    deadline = time.monotonic() + timeout
-    while c.rank0.stats()["batch"]["active_rows"] < n:
-        assert time.monotonic() < deadline, "the batch never started"
-        time.sleep(0.02)
-
-
 def test_disconnect_mid_stream_keeps_ranks_in_step(cluster, reference):
     with cluster.rank0.client() as http:
         model = http.get("/v1/models").json()["data"][0]["id"]
@@ -157,7 +138,7 @@ def test_disconnect_mid_stream_keeps_ranks_in_step(cluster, reference):
                     chunks += 1
                 if chunks >= 3:
                     break
-    stats = _wait_idle(cluster)
+    stats = cluster.rank0.wait_idle()
     assert stats["counters"]["requests"]["batch"]["cancelled"] >= 1
     # The row left on every rank: the next batch is still exact, and digests agree.
     assert texts(cluster, SHORT) == reference[("a", SHORT)]
@@ -169,7 +150,7 @@ def test_seeded_request_drains_the_batch(cluster, reference):
     drains_before = cluster.rank0.stats()["counters"]["drains"]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         batch = [pool.submit(complete, cluster, p, LONG) for p in PROMPTS[:2]]
-        _wait_rows(cluster, 2)
+        cluster.rank0.wait_rows(2)  # the seeded request must find the batch running
         seeded = pool.submit(complete, cluster, PROMPTS[2], SHORT, seed=3)
         results = [f.result() for f in batch]
         serial = seeded.result()

@@ -62,13 +62,6 @@ def stream_in_thread(
     return t
 
 
-def wait_rows(d: Daemon, n: int, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while d.stats()["batch"]["active_rows"] < n:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-
-
 def test_sigterm_lets_short_streams_finish_and_ends_long_ones(start):
     d = start(4)
     out: dict = {}
@@ -76,7 +69,7 @@ def test_sigterm_lets_short_streams_finish_and_ends_long_ones(start):
         stream_in_thread(d, 400, out, "short"),
         stream_in_thread(d, 4000, out, "long"),
     ]
-    wait_rows(d, 2)
+    d.wait_rows(2)
     pid_before = d.proc.pid
     d.signal(signal.SIGTERM)
     time.sleep(0.3)
@@ -116,7 +109,7 @@ def test_second_signal_exits_at_once(start):
     d = start(60)
     out: dict = {}
     t = stream_in_thread(d, 4000, out, "long")
-    wait_rows(d, 1)
+    d.wait_rows(1)
     d.signal(signal.SIGTERM)
     time.sleep(0.5)
     assert d.proc.poll() is None  # still draining: the timeout is 60 s

@@ -66,10 +66,10 @@ def test_a_high_request_preempts_the_newest_low_row_which_resumes_with_the_same_
 
     threads = [threading.Thread(target=run, args=("a", "sk-bulk", prompts["a"], 800))]
     threads[0].start()
-    wait_rows(daemon, 1)
+    daemon.wait_rows(1)
     threads.append(threading.Thread(target=run, args=("b", "sk-bulk", prompts["b"], 800)))
     threads[1].start()
-    wait_rows(daemon, 2, tokens=20)
+    daemon.wait_rows(2, tokens=20)
     before = daemon.stats()["counters"]["preemptions"]
     threads.append(threading.Thread(target=run, args=("high", "sk-me", "hello", 20)))
     threads[2].start()
@@ -85,16 +85,6 @@ def test_a_high_request_preempts_the_newest_low_row_which_resumes_with_the_same_
     assert stats["counters"]["resumed"] >= 1
     event = stats["preemptions"][0]
     assert event["lane"] == "batch" and event["key"] == "bulk"
-
-
-def wait_rows(daemon: Daemon, n: int, tokens: int = 1) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        rows = daemon.stats()["rows"]
-        if len(rows) >= n and all(r["generated_tokens"] >= tokens for r in rows):
-            return
-        time.sleep(0.02)
-    raise AssertionError(daemon.stats())
 
 
 def test_a_low_serial_waiter_does_not_hold_a_high_batch_request_behind_its_drain(daemon):
@@ -117,7 +107,7 @@ def test_a_low_serial_waiter_does_not_hold_a_high_batch_request_behind_its_drain
     threads = [threading.Thread(target=run, args=(f"bulk{i}", "sk-bulk", 400)) for i in range(2)]
     for t in threads:
         t.start()
-    wait_rows(daemon, 2, tokens=5)
+    daemon.wait_rows(2, tokens=5)
     threads.append(threading.Thread(target=run, args=("seeded", "sk-bulk", 50), kwargs={"seed": 1}))
     threads[-1].start()
     deadline = time.monotonic() + 30

@@ -89,23 +89,13 @@ def check_counts(s: dict[str, Any]) -> None:
     assert b["active_rows"] + b["pending_rows"] + c["finished"] == c["submitted"], (b, c)
 
 
-def wait_idle(d: Daemon, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = d.stats()
-        if not s["busy"]:
-            return s
-        time.sleep(0.05)
-    raise AssertionError("the daemon did not go idle")
-
-
 # ---------------------------------------------------------------- tests
 
 
 def test_stats_schema_and_counts_under_load(daemon: Daemon) -> None:
     fields = documented_fields()
     seen: set[str] = set()
-    before = wait_idle(daemon)
+    before = daemon.wait_idle()
     clients = [in_background(chat, daemon, f"count to {i} " * 8, max_tokens=300) for i in range(5)]
     seeded = None
     max_rows = max_pending = 0
@@ -128,7 +118,7 @@ def test_stats_schema_and_counts_under_load(daemon: Daemon) -> None:
             time.sleep(0.02)
     for _, out in [*clients, seeded]:
         assert out.get("status") == 200, out
-    after = wait_idle(daemon)
+    after = daemon.wait_idle()
     check_schema(after, fields, seen)
     check_counts(after)
 

@@ -133,6 +133,26 @@ class Daemon:
     def stats(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/stats", timeout=10).json()
 
+    def wait_rows(self, n: int, *, tokens: int = 1, timeout: float = 60.0) -> None:
+        """Wait until ``n`` rows decode, each with at least ``tokens`` tokens generated."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self.stats()["rows"]
+            if len(rows) >= n and all(r["generated_tokens"] >= tokens for r in rows):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"{n} rows never decoded: {self.stats()}")
+
+    def wait_idle(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait until nothing runs or waits; return that /stats snapshot."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.stats()
+            if not s["busy"]:
+                return s
+            time.sleep(0.05)
+        raise AssertionError(f"the daemon did not go idle: {self.stats()}")
+
     def model_id(self) -> str:
         return httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"]
 
