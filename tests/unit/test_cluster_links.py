@@ -45,19 +45,23 @@ def ring():
         s.close()
 
 
-def test_the_links_are_the_connections_to_and_from_the_hostfile_addresses(ring):
+@pytest.fixture
+def links(ring):
+    """The links rank 0 of ``ring`` finds; its duplicates closed after the test."""
+    found = Links()
+    found.find(ring[0], 0)
+    yield found
+    found.close()
+
+
+def test_the_links_are_the_connections_to_and_from_the_hostfile_addresses(ring, links):
     endpoints, _, near = ring
-    links = Links()
-    links.find(endpoints, 0)
-    try:
-        accepted_from = "{}:{}".format(*near["accepted"].getpeername()[:2])
-        assert sorted(link.peer for link in links.links) == [
-            f"rank 1 at {endpoints[1][0]}",
-            f"the neighbour connected from {accepted_from}",
-        ]
-        assert links.closed() is None
-    finally:
-        links.close()
+    accepted_from = "{}:{}".format(*near["accepted"].getpeername()[:2])
+    assert sorted(link.peer for link in links.links) == [
+        f"rank 1 at {endpoints[1][0]}",
+        f"the neighbour connected from {accepted_from}",
+    ]
+    assert links.closed() is None
 
 
 def _closed_within(links: Links, seconds: float) -> str | None:
@@ -69,30 +73,23 @@ def _closed_within(links: Links, seconds: float) -> str | None:
 
 
 @pytest.mark.parametrize("end", ["in", "out"])
-def test_a_peer_closing_either_link_is_seen_once_its_bytes_are_read(ring, end):
-    endpoints, far, near = ring
-    links = Links()
-    links.find(endpoints, 0)
-    try:
-        sock = near["accepted" if end == "in" else "out"]
-        far[end].sendall(b"xy")
-        far[end].close()
-        time.sleep(0.05)
-        # A peer's last bytes are read before its end counts (a rank that sent its last
-        # plan and exited 0 is not lost to the others).
-        assert links.closed() is None
-        assert sock.recv(2) == b"xy"  # the peeks took nothing from the ring's own reader
-        gone = _closed_within(links, 5)
-        assert gone is not None
-        assert "{}:{}".format(*sock.getpeername()[:2]) in gone
-    finally:
-        links.close()
+def test_a_peer_closing_either_link_is_seen_once_its_bytes_are_read(ring, links, end):
+    _, far, near = ring
+    sock = near["accepted" if end == "in" else "out"]
+    far[end].sendall(b"xy")
+    far[end].close()
+    time.sleep(0.05)
+    # A peer's last bytes are read before its end counts (a rank that sent its last
+    # plan and exited 0 is not lost to the others).
+    assert links.closed() is None
+    assert sock.recv(2) == b"xy"  # the peeks took nothing from the ring's own reader
+    gone = _closed_within(links, 5)
+    assert gone is not None
+    assert "{}:{}".format(*sock.getpeername()[:2]) in gone
 
 
-def test_closing_our_duplicates_leaves_the_ring_open(ring):
-    endpoints, far, near = ring
-    links = Links()
-    links.find(endpoints, 0)
+def test_closing_our_duplicates_leaves_the_ring_open(ring, links):
+    _, far, near = ring
     links.close()
     near["out"].sendall(b"ok")
     assert far["out"].recv(2) == b"ok"
@@ -143,14 +140,9 @@ def test_the_probe_is_not_asked_while_nothing_waits():
         dog.stop()
 
 
-def test_a_reset_link_is_seen_at_once(ring):
+def test_a_reset_link_is_seen_at_once(ring, links):
     """A peer that dies with bytes unread sends a reset, not an orderly close."""
     endpoints, far, _ = ring
-    links = Links()
-    links.find(endpoints, 0)
-    try:
-        far["out"].setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        far["out"].close()  # linger 0: an RST
-        assert _closed_within(links, 5) == f"rank 1 at {endpoints[1][0]} closed its connection"
-    finally:
-        links.close()
+    far["out"].setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    far["out"].close()  # linger 0: an RST
+    assert _closed_within(links, 5) == f"rank 1 at {endpoints[1][0]} closed its connection"
