@@ -15,8 +15,8 @@ from mlxd.api.anthropic.routes import MESSAGES_PATH, messages_router
 from mlxd.api.batches.files import FilesController
 from mlxd.api.batches.routes import BatchesController
 from mlxd.api.batches.service import BatchService
+from mlxd.api.http.caller import api_key_guard
 from mlxd.api.http.errors import OPENAI, Envelopes, error_handlers
-from mlxd.api.http.keys import api_key_guard
 from mlxd.api.http.requestlog import request_log
 from mlxd.api.openai.embeddings import EmbeddingsController
 from mlxd.api.openai.routes import OpenAIController

@@ -14,9 +14,10 @@ from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from mlxd.api.batches.dispatch import batch_mark
-from mlxd.api.generate import Output, check_generation, generate
+from mlxd.api.answer import Output
+from mlxd.api.generate import check_generation, generate
 from mlxd.api.http.body import read_body
+from mlxd.api.http.caller import caller_of
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.keys import presented_key, secrets
@@ -97,7 +98,7 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
 
     # A Batch API line is never stored: thousands of them would evict every interactive
     # user's stored responses (docs/batches.md).
-    storing = call.store and batch_mark(request.scope) is None
+    storing = call.store and caller_of(request.scope).stores_responses
 
     def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
         if storing and call.generate:  # a warm-up has no turn to continue
