@@ -1,6 +1,6 @@
 """The Batch API as the app holds it: the store, the runner, who owns what, the numbers.
 
-Built by :func:`mlxd.api.app.make_app` (the runner needs the app to run
+Built by :func:`mlxd.web.make_app` (the runner needs the app to run
 lines through) and started on the event loop by the server. A state
 directory that cannot be used (not writable, a full disk) leaves the Batch
 API off with a warning: its routes answer 503, the rest of the daemon runs.
