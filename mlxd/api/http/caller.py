@@ -22,7 +22,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.keys import Who, identify, keys_configured
+from mlxd.api.http.keys import Who, identify, key_digest, keys_configured, presented_key, secrets
 from mlxd.api.http.requestlog import note_of
 
 # Where the caller lives in the ASGI scope (a key of mlxd's own).
@@ -49,6 +49,10 @@ class Caller:
     # The key's identity: None when /v1 is open (or a line's key is gone).
     who: Who | None = None
     line: BatchLine | None = None
+    # The digest of the key the request presented (keys.key_digest): what owns
+    # the Batch API files and batches and the stored responses it creates.
+    # None when /v1 is open, and for a line (it presents no key).
+    owner: str | None = None
 
     @property
     def key(self) -> str | None:
@@ -96,6 +100,8 @@ def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     """``/v1`` needs a key when any is configured (Bearer, or Anthropic's x-api-key).
 
     Puts the request's :class:`Caller` in its scope; a 401 without a valid key.
+    The secret itself goes no further than here: the caller holds the key's
+    name and identity, and the digest that owns what the request creates.
     """
     # A key of mlxd's own in the ASGI scope (Litestar's Scope type lists only its own).
     scope = cast("dict[str, Any]", connection.scope)
@@ -115,5 +121,8 @@ def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
             "(or 'x-api-key: <key>').",
             code="invalid_api_key",
         )
-    scope[CALLER_SCOPE_KEY] = replace(placed, who=who) if placed is not None else Caller(who)
+    presented = presented_key(connection.headers, secrets(settings))
+    owner = key_digest(presented) if presented is not None else None
+    placed = placed or Caller()
+    scope[CALLER_SCOPE_KEY] = replace(placed, who=who, owner=owner)
     note_of(connection.scope).key = who.name
