@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from mlxd.address import remove_record, url_for, write_record
-from mlxd.api.app import ERROR_ENVELOPES, make_app
 from mlxd.api.http.access import exposure_warning
 from mlxd.api.http.guard import RequestGuard
 from mlxd.api.http.protocol import make_protocol
@@ -36,6 +35,7 @@ from mlxd.dashboard import logtail
 from mlxd.engine.chat.engine import Engine
 from mlxd.listen import ListenError, bind
 from mlxd.process import EXIT_REFUSED
+from mlxd.web import ERROR_ENVELOPES, make_app
 
 if TYPE_CHECKING:
     from mlxd.engine.cluster.join import Membership

@@ -1,22 +1,19 @@
-"""The Litestar application: every route mlxd serves, in one list, and its error envelopes."""
+"""The API's own routes: ``/v1`` behind its key guard, the operations endpoints, the envelopes.
+
+:func:`mlxd.web.make_app` composes them with the dashboard into the one app.
+"""
 
 from __future__ import annotations
 
-import secrets
-
-from litestar import Litestar, Router
-from litestar.config.csrf import CSRFConfig
-from litestar.di import Provide
-from litestar.static_files import create_static_files_router
+from litestar import Router
 from litestar.types import ControllerRouterHandler
 
 from mlxd.api.anthropic.errors import ANTHROPIC
 from mlxd.api.anthropic.routes import MESSAGES_PATH, messages_router
 from mlxd.api.batches.files import FilesController
 from mlxd.api.batches.routes import BatchesController
-from mlxd.api.batches.service import BatchService
-from mlxd.api.http.errors import OPENAI, Envelopes, error_handlers
-from mlxd.api.http.keys import api_key_guard
+from mlxd.api.http.caller import api_key_guard
+from mlxd.api.http.errors import OPENAI, Envelopes
 from mlxd.api.http.requestlog import request_log
 from mlxd.api.openai.embeddings import EmbeddingsController
 from mlxd.api.openai.routes import OpenAIController
@@ -25,13 +22,6 @@ from mlxd.api.ops.health import HealthController, root_probe
 from mlxd.api.ops.metrics import MetricsController
 from mlxd.api.ops.stats import StatsController
 from mlxd.api.responses.routes import ResponsesController
-from mlxd.api.state import AppState, provide_app_state
-from mlxd.dashboard.batch_actions import BatchActionsController
-from mlxd.dashboard.editor import EditorController
-from mlxd.dashboard.login import LoginController
-from mlxd.dashboard.model_actions import ModelActionsController
-from mlxd.dashboard.page import DashboardController, to_dashboard
-from mlxd.paths import static_dir
 
 API_PATH = "/v1"
 
@@ -40,21 +30,10 @@ API_PATH = "/v1"
 # holds the request: Anthropic's under /v1/messages, OpenAI's everywhere else.
 ERROR_ENVELOPES = Envelopes(OPENAI, {f"{API_PATH}{MESSAGES_PATH}": ANTHROPIC})
 
-# The dashboard's forms (the config editor) carry a double-submit CSRF token.
-# JSON APIs are left out: /v1 takes bearer API keys, /admin the admin token
-# and a same-origin check; the login form only sets a cookie; the read-only
-# endpoints need no cookie of their own.
-CSRF_EXCLUDE = [
-    "^/v1(/|$)",
-    "^/admin(/|$)",
-    "^/dashboard/login(/|$)",
-    "^/(health|ready|stats|metrics|static)(/|$)",
-]
 
-
-def route_handlers() -> list[ControllerRouterHandler]:
-    """Every route mlxd serves: the APIs under ``/v1``, operations, the dashboard."""
-    api = Router(
+def api_router() -> Router:
+    """``/v1``: every API, behind the API-key guard (which resolves each request's caller)."""
+    return Router(
         path=API_PATH,
         route_handlers=[
             OpenAIController,  # /v1/models, /v1/chat/completions, /v1/completions
@@ -67,54 +46,15 @@ def route_handlers() -> list[ControllerRouterHandler]:
         guards=[api_key_guard],
         middleware=[request_log],
     )
-    static = create_static_files_router(
-        path="/static", directories=[static_dir()], name="static", include_in_schema=False
-    )
+
+
+def api_route_handlers() -> list[ControllerRouterHandler]:
+    """The routes the API side serves: ``/v1`` and the operations endpoints."""
     return [
-        api,
+        api_router(),
         HealthController,  # /health, /ready
         StatsController,  # /stats
         MetricsController,  # /metrics
         AdminController,  # /admin/reload
-        to_dashboard,  # / -> /dashboard
         root_probe,  # HEAD /: 200 (Claude Code probes it)
-        DashboardController,  # /dashboard and its regions
-        LoginController,  # /dashboard/login
-        EditorController,  # /dashboard/config
-        ModelActionsController,  # /dashboard/models
-        BatchActionsController,  # /dashboard/batches/cancel
-        static,  # /static
     ]
-
-
-def make_csrf_config() -> CSRFConfig:
-    """A per-process secret: a restart invalidates old tokens (the editor page renews them)."""
-    return CSRFConfig(
-        secret=secrets.token_hex(32),
-        cookie_name="mlxd_csrf",
-        cookie_path="/dashboard",
-        header_name="x-csrf-token",
-        cookie_httponly=True,  # the page embeds the token; scripts never read the cookie
-        cookie_samesite="strict",
-        exclude=CSRF_EXCLUDE,
-    )
-
-
-def make_app(state: AppState) -> Litestar:
-    """Build the app around ``state``; the engines are started and stopped by the caller."""
-    app = Litestar(
-        route_handlers=route_handlers(),
-        dependencies={"mlxd": Provide(provide_app_state, sync_to_thread=False)},
-        csrf_config=make_csrf_config(),
-        exception_handlers=error_handlers(ERROR_ENVELOPES),
-        # Bodies are read under the live limits.max_body_bytes instead.
-        request_max_body_size=None,
-        openapi_config=None,
-        # mlxd configures logging itself (timestamps and levels on stderr).
-        logging_config=None,
-        debug=False,
-    )
-    app.state.mlxd = state
-    # Started on the event loop by the server; it runs batch lines through ``app``.
-    state.batches = BatchService(state, app)
-    return app

@@ -1,31 +1,32 @@
 """The one generation path every API shares: route, check, submit, accept, answer or stream.
 
 Chat completions, completions, Responses and Messages differ only in how they
-read a body and how they render events (their :class:`Output`). Everything
-between is here: the fleet lends the model (:func:`mlxd.api.lease.acquire`), the request's
-values and grammar are checked before anything is queued
-(:func:`check_generation`), :func:`generate` submits it, waits until the
-engine accepts or refuses it, then answers whole or as SSE, and a client that
-goes away cancels its generation at the next token.
+read a body and how they render events (their :class:`~mlxd.api.answer.Output`).
+Everything between is here: the fleet lends the model
+(:func:`mlxd.api.lease.acquire`), the request's values and grammar are checked
+before anything is queued (:func:`check_generation`), :func:`generate` builds
+the engine request as its :class:`~mlxd.api.http.caller.Caller`, submits it,
+waits until the engine accepts and admits or refuses it, then answers whole or
+as SSE (:mod:`mlxd.api.answer`), and a client that goes away cancels its
+generation at the next token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response
 from litestar.response import Stream
 
-from mlxd.api.batches.dispatch import batch_mark
+from mlxd.api.answer import Done, Output, streamed, whole
 from mlxd.api.forced_tool import force_tool_call
 from mlxd.api.grammar import prepare_off_loop
+from mlxd.api.http.caller import Caller, caller_of
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.keys import who_of
 from mlxd.api.http.requestlog import Note, note_of
 from mlxd.api.image_fetch import fetch_images
 from mlxd.api.lease import is_anthropic
@@ -36,7 +37,6 @@ from mlxd.api.state import AppState
 from mlxd.engine import (
     Accepted,
     CacheLookup,
-    Delta,
     Failed,
     Finished,
     GenerationRequest,
@@ -135,108 +135,6 @@ def refusal(gen: GenerationRequest, failed: Failed, info: ModelInfo | None = Non
     return worded(gen, err, info)
 
 
-def _short_of_room(accepted: Accepted | Failed) -> bool:
-    return isinstance(accepted, Failed) and accepted.code == "context_over_budget"
-
-
-class Output(Protocol):
-    """How one API renders a request's events: a whole response or SSE bytes.
-
-    Chat completions, completions, Responses and Messages each have one; they
-    all run through :func:`generate`, the one submit/accept/stream path.
-    """
-
-    def collect(self, delta: Delta) -> None: ...
-
-    def response(self, finished: Finished) -> dict[str, Any]: ...
-
-    def stream_start(self) -> list[bytes]: ...
-
-    def stream_delta(self, delta: Delta) -> list[bytes]: ...
-
-    def stream_end(self, finished: Finished) -> list[bytes]: ...
-
-    def stream_error(self, failed: Failed) -> list[bytes]: ...
-
-    def stream_keepalive(self) -> list[bytes]: ...
-
-
-async def _events_or_keepalive(
-    handle: RequestHandle, every: float
-) -> AsyncIterator[Delta | Finished | Failed | None]:
-    """``handle``'s events, and None each time ``every`` seconds pass without one.
-
-    A long prefill sends nothing for minutes; clients and proxies with an idle
-    timer drop such a stream, so the caller sends a keep-alive on each None.
-    The pending read is kept across keep-alives (never cancelled mid-event).
-    """
-    events = aiter(handle.events())
-    pending: asyncio.Task[Any] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending}, timeout=every if every > 0 else None)
-            if not done:
-                yield None
-                continue
-            task, pending = pending, None
-            try:
-                yield task.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        if pending is not None:
-            pending.cancel()
-
-
-async def _watch_disconnect(request: Request, handle: RequestHandle) -> None:
-    """Cancel ``handle`` when the client goes away (the body is already read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            handle.cancel()
-            return
-
-
-async def _sse(
-    handle: RequestHandle,
-    output: Output,
-    done: Callable[[Finished | Failed], None],
-    lease: Lease,
-    keepalive: float,
-    note: Note,
-) -> AsyncIterator[bytes]:
-    generated = 0
-    ended = False
-    try:
-        for chunk in output.stream_start():
-            yield chunk
-        async for event in _events_or_keepalive(handle, keepalive):
-            if event is None:
-                for chunk in output.stream_keepalive():
-                    yield chunk
-            elif isinstance(event, Delta):
-                generated += len(event.token_ids)
-                for chunk in output.stream_delta(event):
-                    yield chunk
-            elif isinstance(event, Finished):
-                ended = True
-                done(event)
-                for chunk in output.stream_end(event):
-                    yield chunk
-            elif isinstance(event, Failed):
-                ended = True
-                done(event)
-                for chunk in output.stream_error(event):
-                    yield chunk
-    finally:
-        if not ended:  # the client left mid-stream: logged as cancelled, with what it got
-            note.cancelled(generated)
-        handle.cancel()  # a no-op once finished; stops generation if the client left
-        lease.release()
-
-
 async def generate(
     request: Request,
     state: AppState,
@@ -261,99 +159,154 @@ async def generate(
     ``X-Mlxd-Prompt-Cache`` (docs/api.md), and a request that fails while it
     waits gets its error status, not an SSE error after a 200.
 
-    The request runs as its API key (``client``) at the priority class it
-    ``asked`` for, never above its key's (:mod:`mlxd.api.priority`); its
-    tokens count against the key's ``tokens_per_minute`` when it ends.
+    The request runs as its :class:`~mlxd.api.http.caller.Caller` (its API
+    key's name, at the priority class it ``asked`` for, never above its
+    key's: :mod:`mlxd.api.priority`); its tokens count against the key's
+    ``tokens_per_minute`` when it ends, unless it is a Batch API line.
     """
-    who = who_of(request.scope)
-    # A Batch API line runs as its owner's key in the idle-time class, outside the
-    # key's quotas (docs/batches.md).
-    batch_line = batch_mark(request.scope) is not None
+    caller = caller_of(request.scope)
+    note = note_of(request.scope)
     try:
-        gen = replace(
-            gen,
-            client=who.name if who is not None else None,
-            priority="batch" if batch_line else effective_priority(gen.priority, who, asked),
-        )
-        if who is not None or gen.priority != "normal":  # without keys the line stays as it was
-            note_of(request.scope).priority = gen.priority
-        gen = await fetch_images(gen, lease.settings)  # remote images, when fetch_images is on
-        gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
-        forced = force_tool_call(gen, lease.info, enabled=state.fault_injection)
-        if forced is not gen:  # test-only (MLXD_FORCE_TOOL_CALL): compile its grammar
-            await warm_constraint(state, lease, forced, json_param="", tools_param="tool_choice")
-            gen = forced
-        handle = lease.engine.submit(gen)
+        gen = await _prepared(state, lease, _as_caller(gen, caller, asked, note))
+        submission = _Submission(request, lease, gen)
     except BaseException:
         lease.release()
         raise
-    watcher = asyncio.create_task(_watch_disconnect(request, handle))
     try:
-        accepted = await handle.accepted()
-        # Short of KV room because other models' reservations fill [memory] budget:
-        # the fleet unloads an idle one and the request is tried again (docs/batching.md).
-        while _short_of_room(accepted) and await state.fleet.make_kv_room(lease.id):
-            watcher.cancel()
-            handle = lease.engine.submit(gen)
-            watcher = asyncio.create_task(_watch_disconnect(request, handle))
-            accepted = await handle.accepted()
-        if isinstance(accepted, Failed):
-            raise refusal(gen, accepted, lease.info)
-        note = note_of(request.scope)
-        note.accepted(accepted, gen.prompt_rules)
-        note.tools_ignored = gen.tools_ignored or None
-        admitted = await handle.admitted()
-        if isinstance(admitted, Failed):
-            note.ended(admitted)
-            state.observe(accepted, admitted)
-            raise refusal(gen, admitted, lease.info)
-        lookup = admitted.lookup
-        note.admitted(lookup)
+        accepted, lookup = await _admitted(state, lease, gen, submission, note)
         output = make_output(accepted, lookup)
-        headers = {
-            **(headers or {}),
-            **state.quotas.headers(who, anthropic=is_anthropic(request)),
-            "X-Mlxd-Lane": LaneDecision(accepted.lane, accepted.reason).header,
-            "X-Request-Id": gen.id,
-            PROMPT_CACHE_HEADER: header_value(lookup),
-        }
-        if gen.prompt_rules:
-            headers[PROMPT_RULES_HEADER] = ",".join(gen.prompt_rules)
-        if gen.tools_ignored:
-            headers[TOOLS_IGNORED_HEADER] = str(gen.tools_ignored)
-
-        def done(outcome: Finished | Failed) -> None:
-            if isinstance(outcome, Finished) and not batch_line:
-                usage = outcome.usage
-                state.quotas.spend(who, usage.prompt_tokens + usage.completion_tokens)
-            note.ended(outcome)
-            state.observe(accepted, outcome)
-
+        headers = _headers(request, state, caller, gen, accepted, lookup, headers)
+        done = _ending(state, caller, note, accepted)
         if stream:
-            watcher.cancel()  # the streaming response listens for disconnects itself
-            headers["Cache-Control"] = "no-cache"
-            body = _sse(handle, output, done, lease, state.settings.server.stream_keepalive, note)
-            # A stream the client left before its first byte is never iterated,
-            # so its finally never runs: release the lease when it is collected.
-            weakref.finalize(body, lease.release)
-            return Stream(body, media_type="text/event-stream", headers=headers)
-        async for event in handle.events():
-            if isinstance(event, Delta):
-                output.collect(event)
-            elif isinstance(event, Finished):
-                done(event)
-                return Response(output.response(event), headers=headers)
-            elif isinstance(event, Failed):
-                done(event)
-                raise refusal(gen, event, lease.info)
-        raise OpenAIError(
-            500, "the engine ended the request without an answer", code="internal_error"
+            keepalive = state.settings.server.stream_keepalive
+            return streamed(
+                submission.handle, output, done, lease, note, keepalive=keepalive, headers=headers
+            )
+        return await whole(
+            submission.handle, output, done, lambda f: refusal(gen, f, lease.info), headers
         )
     except BaseException:
-        handle.cancel()
+        submission.handle.cancel()
         lease.release()
         raise
     finally:
+        submission.unwatch()  # a stream listens for disconnects itself
         if not stream:
-            watcher.cancel()
             lease.release()
+
+
+def _as_caller(
+    gen: GenerationRequest, caller: Caller, asked: str | None, note: Note
+) -> GenerationRequest:
+    """``gen`` run as ``caller``: its key's name, the class it ``asked`` for under its ceiling.
+
+    A Batch API line runs in the idle-time ``batch`` class (docs/batches.md).
+    """
+    gen = replace(
+        gen, client=caller.key, priority=effective_priority(gen.priority, caller.priority, asked)
+    )
+    if caller.who is not None or gen.priority != "normal":  # without keys the line stays as it was
+        note.priority = gen.priority
+    return gen
+
+
+async def _prepared(state: AppState, lease: Lease, gen: GenerationRequest) -> GenerationRequest:
+    """``gen`` as it is submitted: remote images fetched, prompt rules applied."""
+    gen = await fetch_images(gen, lease.settings)  # remote images, when fetch_images is on
+    gen = apply_prompt_rules(gen, lease.settings.prompt_cache.volatile_rules)
+    forced = force_tool_call(gen, lease.info, enabled=state.fault_injection)
+    if forced is not gen:  # test-only (MLXD_FORCE_TOOL_CALL): compile its grammar
+        await warm_constraint(state, lease, forced, json_param="", tools_param="tool_choice")
+        gen = forced
+    return gen
+
+
+async def _watch_disconnect(request: Request, handle: RequestHandle) -> None:
+    """Cancel ``handle`` when the client goes away (the body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            handle.cancel()
+            return
+
+
+class _Submission:
+    """``gen`` submitted to ``lease``'s engine, cancelled if the client goes away."""
+
+    def __init__(self, request: Request, lease: Lease, gen: GenerationRequest) -> None:
+        self._request, self._lease, self._gen = request, lease, gen
+        self.handle = lease.engine.submit(gen)
+        self._watcher = asyncio.create_task(_watch_disconnect(request, self.handle))
+
+    def again(self) -> None:
+        """Submit the request once more (the engine refused the first for want of room)."""
+        self._watcher.cancel()
+        self.handle = self._lease.engine.submit(self._gen)
+        self._watcher = asyncio.create_task(_watch_disconnect(self._request, self.handle))
+
+    def unwatch(self) -> None:
+        self._watcher.cancel()
+
+
+def _short_of_room(accepted: Accepted | Failed) -> bool:
+    return isinstance(accepted, Failed) and accepted.code == "context_over_budget"
+
+
+async def _admitted(
+    state: AppState, lease: Lease, gen: GenerationRequest, submission: _Submission, note: Note
+) -> tuple[Accepted, CacheLookup]:
+    """Wait until the engine accepts the request and it leaves the queue; a refusal raises."""
+    accepted = await submission.handle.accepted()
+    # Short of KV room because other models' reservations fill [memory] budget:
+    # the fleet unloads an idle one and the request is tried again (docs/batching.md).
+    while _short_of_room(accepted) and await state.fleet.make_kv_room(lease.id):
+        submission.again()
+        accepted = await submission.handle.accepted()
+    if isinstance(accepted, Failed):
+        raise refusal(gen, accepted, lease.info)
+    note.accepted(accepted, gen.prompt_rules)
+    note.tools_ignored = gen.tools_ignored or None
+    admitted = await submission.handle.admitted()
+    if isinstance(admitted, Failed):
+        note.ended(admitted)
+        state.observe(accepted, admitted)
+        raise refusal(gen, admitted, lease.info)
+    note.admitted(admitted.lookup)
+    return accepted, admitted.lookup
+
+
+def _headers(
+    request: Request,
+    state: AppState,
+    caller: Caller,
+    gen: GenerationRequest,
+    accepted: Accepted,
+    lookup: CacheLookup,
+    extra: dict[str, str] | None,
+) -> dict[str, str]:
+    """The answer's headers: the route's, the key's quotas, the lane, the id, the cache."""
+    headers = {
+        **(extra or {}),
+        **state.quotas.headers(caller.who, anthropic=is_anthropic(request)),
+        "X-Mlxd-Lane": LaneDecision(accepted.lane, accepted.reason).header,
+        "X-Request-Id": gen.id,
+        PROMPT_CACHE_HEADER: header_value(lookup),
+    }
+    if gen.prompt_rules:
+        headers[PROMPT_RULES_HEADER] = ",".join(gen.prompt_rules)
+    if gen.tools_ignored:
+        headers[TOOLS_IGNORED_HEADER] = str(gen.tools_ignored)
+    return headers
+
+
+def _ending(state: AppState, caller: Caller, note: Note, accepted: Accepted) -> Done:
+    """What runs once when the request ends: its key's tokens, the log line, the metrics."""
+
+    def done(outcome: Finished | Failed) -> None:
+        if isinstance(outcome, Finished) and caller.spends_quota:
+            usage = outcome.usage
+            state.quotas.spend(caller.who, usage.prompt_tokens + usage.completion_tokens)
+        note.ended(outcome)
+        state.observe(accepted, outcome)
+
+    return done

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from litestar import Request
 
-from mlxd.api.batches.dispatch import batch_mark
+from mlxd.api.http.caller import Caller, caller_of
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.keys import Who, who_of
+from mlxd.api.http.keys import Who
 from mlxd.api.state import AppState
 from mlxd.config.registry import resolve
 from mlxd.engine import FleetRefusal
@@ -56,12 +56,12 @@ async def acquire(
     the request counts against the key's quotas (``quota``), a 429 when over
     one; its place in ``max_concurrent`` is given back with the lease.
     """
-    who = who_of(request.scope) if request is not None else None
-    if who is not None:
-        _check_model(state, who, name, kind)
+    caller = caller_of(request.scope) if request is not None else Caller()
+    if caller.who is not None:
+        _check_model(state, caller.who, name, kind)
     # A Batch API line runs as its owner's key but outside its quotas (idle time only).
-    quota = quota and (request is None or batch_mark(request.scope) is None)
-    release = state.quotas.take(who, anthropic=is_anthropic(request)) if quota else None
+    quota = quota and caller.spends_quota
+    release = state.quotas.take(caller.who, anthropic=is_anthropic(request)) if quota else None
     try:
         lease = await state.fleet.acquire(name, kind)
     except FleetRefusal as exc:

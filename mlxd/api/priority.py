@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.keys import Who
 from mlxd.engine import PRIORITY_CLASSES, capped_priority
 
 # What a request may ask for in its body; "batch" is the Batch API's own class.
@@ -44,13 +43,15 @@ def requested(body: Any) -> str | None:
     return None
 
 
-def effective(current: str, who: Who | None, asked: str | None) -> str:
-    """The class a request runs at: what it asked for, capped at its key's class.
+def effective(current: str, ceiling: str, asked: str | None) -> str:
+    """The class a request runs at: what it asked for, capped at its caller's ``ceiling``.
 
-    ``current`` is the request's class as built ("batch" for a Batch API line
-    stays "batch": nothing raises it).
+    ``ceiling`` is :attr:`Caller.priority <mlxd.api.http.caller.Caller.priority>`
+    (its key's class; "batch" for a Batch API line, which nothing raises).
+    ``current`` is the request's class as built ("batch" stays "batch").
     """
-    ceiling = who.priority if who is not None else "normal"
+    if ceiling == "batch":
+        return "batch"
     if current == "batch" or current not in PRIORITY_CLASSES:
         return "batch" if current == "batch" else ceiling
     wanted = asked if asked is not None else (current if current != "normal" else None)

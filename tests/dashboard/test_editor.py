@@ -20,12 +20,12 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-from mlxd.api.app import make_app
 from mlxd.api.state import AppState
 from mlxd.config import Settings, load_settings
 from mlxd.dashboard import configfile
 from mlxd.engine.chat.engine import Engine
 from mlxd.engine.fleet.fleet import Fleet
+from mlxd.web import make_app
 from tests.support.daemon import Daemon, toml_config
 
 

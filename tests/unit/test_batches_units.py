@@ -18,11 +18,11 @@ import pytest
 
 from mlxd.api.batches import runner as runner_module
 from mlxd.api.batches.db import SCHEMA_VERSION, open_database
-from mlxd.api.batches.dispatch import batch_mark
 from mlxd.api.batches.jsonl import BadLine, check_lines, parse_line, request_lines
 from mlxd.api.batches.lane import ChatLoad, chat_room, embedding_room, in_hours, may_load
 from mlxd.api.batches.runner import Runner
 from mlxd.api.batches.store import BatchRow, FileRow, Store
+from mlxd.api.http.caller import caller_of
 from mlxd.config import BatchesSettings, Settings
 from mlxd.engine import FleetStatus
 
@@ -273,7 +273,7 @@ def test_batches_run_in_creation_order(tmp_path: Path) -> None:
 
     async def app(scope, receive, send) -> None:
         await receive()
-        seen.append(batch_mark(scope).batch_id)  # type: ignore[union-attr]
+        seen.append(caller_of(scope).line.batch_id)  # type: ignore[union-attr]
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 

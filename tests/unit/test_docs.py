@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
-from mlxd.api.app import make_app
 from mlxd.api.state import AppState
 from mlxd.config import Settings
 from mlxd.engine.chat.engine import Engine
 from mlxd.engine.fleet.fleet import Fleet
+from mlxd.web import make_app
 from tests.support import ROOT
 
 

@@ -67,9 +67,16 @@ def test_http_side_imports_no_mlx_and_only_the_engines_face(path):
     assert not bad, f"{path.name} imports {bad}; import them from the face, mlxd.engine"
 
 
+@pytest.mark.parametrize("path", modules_under("api"), ids=lambda p: p.name)
+def test_api_imports_nothing_above_it(path):
+    """The dashboard and the app that composes both sit above the API: no import runs back up."""
+    bad = {m for m in _mlxd_imports(path, None) if m.startswith(("mlxd.dashboard", "mlxd.web"))}
+    assert not bad, f"{path.name} imports {bad}; compose them in mlxd.web"
+
+
 def test_importing_the_http_side_loads_no_mlx():
     code = (
-        "import sys, mlxd.engine, mlxd.api.app, mlxd.dashboard.page, mlxd.api.reload, mlxd.config,"
+        "import sys, mlxd.engine, mlxd.web, mlxd.dashboard.page, mlxd.api.reload, mlxd.config,"
         " mlxd.cli;"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm'));"
         "print(loaded); sys.exit(1 if loaded else 0)"
@@ -99,8 +106,11 @@ def test_importing_the_engine_creates_no_mlx_arrays():
     assert int(done.stdout) == int(baseline.stdout)
 
 
-def _mlxd_imports(path: Path, modules: set[str]) -> set[str]:
-    """The mlxd modules ``path`` imports anywhere (function bodies and TYPE_CHECKING too)."""
+def _mlxd_imports(path: Path, modules: set[str] | None) -> set[str]:
+    """The mlxd modules ``path`` imports anywhere (function bodies and TYPE_CHECKING too).
+
+    With ``modules`` None, every name imported (not only the modules among ``modules``).
+    """
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -108,7 +118,7 @@ def _mlxd_imports(path: Path, modules: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{a.name}" for a in node.names)
-    return found & modules
+    return found if modules is None else found & modules
 
 
 def test_no_import_cycles_between_mlxd_modules() -> None:

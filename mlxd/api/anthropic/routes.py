@@ -17,6 +17,7 @@ from typing import Any
 from litestar import Controller, Request, Response, Router, post
 from litestar.response import Stream
 
+from mlxd.api.answer import Output
 from mlxd.api.anthropic.errors import ANTHROPIC
 from mlxd.api.anthropic.render import MessagesOutput
 from mlxd.api.anthropic.schema import (
@@ -25,7 +26,7 @@ from mlxd.api.anthropic.schema import (
     count_tokens_request,
     messages_request,
 )
-from mlxd.api.generate import Output, check_generation, check_values, generate
+from mlxd.api.generate import check_generation, check_values, generate
 from mlxd.api.http.body import read_body
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError, error_handlers

@@ -5,12 +5,12 @@ guard, whose limits the upload already applied): the route decodes and
 validates the body, :func:`mlxd.api.generate.generate` submits it, the
 route's error handlers shape any refusal. So a line's ``status_code`` and
 ``body`` are what the same request sent over HTTP would get, by
-construction. The scope carries :class:`BatchMark` (no client can put a key
-in an ASGI scope): the API-key guard lets it pass (the batch's owner was
-checked when the batch was created) and its owner's identity: the line runs
-as that key (its name, its ``models``; not its rate quotas: the lines run only
-in idle time), and :func:`~mlxd.api.generate.generate` gives it the ``batch``
-priority.
+construction. The scope carries the line's
+:class:`~mlxd.api.http.caller.Caller` (no client can put a key in an ASGI
+scope): the API-key guard lets it pass (the batch's owner was checked when
+the batch was created) and the line runs as its owner's key (its name, its
+``models``; not its rate quotas: the lines run only in idle time), in the
+``batch`` priority class.
 
 Cancelling a line (its batch cancelled) is a client disconnect: the route
 cancels the generation at its next token, as for a client that went away.
@@ -23,21 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.api.http.keys import WHO_SCOPE_KEY, Who
-
-# The scope key a batch line's request carries.
-BATCH_SCOPE_KEY = "mlxd.batch"
-
-
-@dataclass(frozen=True)
-class BatchMark:
-    """What a batch line's request carries in its ASGI scope."""
-
-    batch_id: str
-    custom_id: str
-    # The key that created the batch, as configured now; None when /v1 is open
-    # (or the key is gone: then the guard answers the line with its 401).
-    who: Who | None
+from mlxd.api.http.caller import CALLER_SCOPE_KEY, Caller
 
 
 @dataclass(frozen=True)
@@ -47,16 +33,15 @@ class LineAnswer:
     request_id: str | None
 
 
-def batch_mark(scope: Any) -> BatchMark | None:
-    """The batch a request runs for, or None for a request from a client."""
-    mark = scope.get(BATCH_SCOPE_KEY) if isinstance(scope, dict) else None
-    return mark if isinstance(mark, BatchMark) else None
-
-
 async def run_line(
-    app: Any, url: str, body: dict[str, Any], mark: BatchMark, cancel: asyncio.Event
+    app: Any, url: str, body: dict[str, Any], caller: Caller, cancel: asyncio.Event
 ) -> LineAnswer:
-    """POST ``body`` to ``url`` through ``app``; the answer as the client would read it."""
+    """POST ``body`` to ``url`` through ``app`` as ``caller``; the answer as a client reads it.
+
+    ``caller`` names the line and the key that created the batch, as configured
+    now (no key when ``/v1`` is open, or when the key is gone: then the guard
+    answers the line with its 401).
+    """
     data = json.dumps(body).encode()
     scope = {
         "type": "http",
@@ -76,10 +61,8 @@ async def run_line(
         "client": ("batch", 0),
         "server": ("localhost", 0),
         "state": {},
-        BATCH_SCOPE_KEY: mark,
+        CALLER_SCOPE_KEY: caller,
     }
-    if mark.who is not None:
-        scope[WHO_SCOPE_KEY] = mark.who
     sent = False
 
     async def receive() -> dict[str, Any]:

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mlxd.api.batches import finish as finishing
-from mlxd.api.batches.dispatch import BatchMark, LineAnswer, run_line
+from mlxd.api.batches.dispatch import LineAnswer, run_line
 from mlxd.api.batches.jsonl import BadLine, RequestLine, request_lines
 from mlxd.api.batches.lane import in_hours
 from mlxd.api.batches.models import Room, room_for
 from mlxd.api.batches.store import BatchRow, Store, new_id
+from mlxd.api.http.caller import BatchLine, Caller
 from mlxd.api.http.keys import who_by_digest
 
 if TYPE_CHECKING:
@@ -269,10 +270,10 @@ class Runner:
         # The line runs as the key that created the batch, as it is configured now
         # (a key removed since: no identity, and the line gets the guard's 401).
         who = who_by_digest(job.row.owner, self.state.settings)
-        mark = BatchMark(job.row.id, line.custom_id, who=who)
+        caller = Caller(who, BatchLine(job.row.id, line.custom_id))
         try:
             try:
-                answer = await run_line(self.app, line.url, line.body, mark, cancel)
+                answer = await run_line(self.app, line.url, line.body, caller, cancel)
             except Exception as exc:  # the app answers errors itself; this is a bug
                 logger.exception("batch %s line %d: the app raised", job.row.id, line.index + 1)
                 answer = LineAnswer(

@@ -1,6 +1,6 @@
 """The Batch API as the app holds it: the store, the runner, who owns what, the numbers.
 
-Built by :func:`mlxd.api.app.make_app` (the runner needs the app to run
+Built by :func:`mlxd.web.make_app` (the runner needs the app to run
 lines through) and started on the event loop by the server. A state
 directory that cannot be used (not writable, a full disk) leaves the Batch
 API off with a warning: its routes answer 503, the rest of the daemon runs.
@@ -17,8 +17,8 @@ from litestar import Request
 
 from mlxd.api.batches.runner import Runner
 from mlxd.api.batches.store import BatchRow, Store
+from mlxd.api.http.caller import caller_of
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.keys import key_digest, presented_key, secrets
 
 if TYPE_CHECKING:
     from mlxd.api.state import AppState
@@ -131,6 +131,4 @@ def owner(request: Request) -> str | None:
     batch's lines run as the key with that digest, with its name, models and
     class (:func:`~mlxd.api.http.keys.who_by_digest`).
     """
-    keys = secrets(request.app.state.mlxd.settings)
-    key = presented_key(request.headers, keys) if keys else None
-    return key_digest(key) if key is not None else None
+    return caller_of(request.scope).owner

@@ -3,9 +3,9 @@
 A key is an identity (:class:`Who`): a ``[keys.<name>]`` table, or an entry
 of ``[server] api_keys`` (normal priority, no limits, named
 ``api_keys[0]``, ...). With no key configured at all, ``/v1`` is open and
-requests have no identity. The guard stores the caller's :class:`Who` in the
-ASGI scope (:func:`who_of`); the name, never the secret, is what logs,
-``/stats``, the dashboard and ``/metrics`` show.
+requests have no identity. The guard puts the key's :class:`Who` in the
+request's :class:`~mlxd.api.http.caller.Caller`; the name, never the secret,
+is what logs, ``/stats``, the dashboard and ``/metrics`` show.
 """
 
 from __future__ import annotations
@@ -15,19 +15,10 @@ import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
-from litestar.connection import ASGIConnection
-from litestar.handlers import BaseRouteHandler
 from pydantic import SecretStr
 
-from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.requestlog import note_of
 from mlxd.config import Settings
-
-# Where the guard keeps the caller's Who in the ASGI scope (a Batch API line
-# carries its owner's there from the start: no client can set a scope key).
-WHO_SCOPE_KEY = "mlxd.who"
 
 
 @dataclass(frozen=True)
@@ -136,29 +127,3 @@ def presented_key(headers: Mapping[str, str], keys: Sequence[SecretStr]) -> str 
 def key_accepted(headers: Mapping[str, str], keys: Sequence[SecretStr]) -> bool:
     """Whether ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` names one of ``keys``."""
     return presented_key(headers, keys) is not None
-
-
-def who_of(scope: Any) -> Who | None:
-    """The identity the guard found for this request (None when ``/v1`` is open)."""
-    who = scope.get(WHO_SCOPE_KEY) if isinstance(scope, dict) else None
-    return who if isinstance(who, Who) else None
-
-
-def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """``/v1`` needs a key when any is configured (Bearer, or Anthropic's x-api-key)."""
-    settings = connection.app.state.mlxd.settings
-    if not keys_configured(settings):
-        return
-    if who_of(connection.scope) is not None:
-        return  # set in process: a Batch API line runs as the key that created its batch
-    who = identify(connection.headers, settings)
-    if who is None:
-        raise OpenAIError(
-            401,
-            "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' "
-            "(or 'x-api-key: <key>').",
-            code="invalid_api_key",
-        )
-    # A key of mlxd's own in the ASGI scope (Litestar's Scope type lists only its own).
-    cast("dict[str, Any]", connection.scope)[WHO_SCOPE_KEY] = who
-    note_of(connection.scope).key = who.name

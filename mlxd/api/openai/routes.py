@@ -14,11 +14,12 @@ from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from mlxd.api.generate import Output, check_generation, generate
+from mlxd.api.answer import Output
+from mlxd.api.generate import check_generation, generate
 from mlxd.api.http.body import read_body
+from mlxd.api.http.caller import caller_of
 from mlxd.api.http.decode import decode_parameters
 from mlxd.api.http.errors import OpenAIError, without_paths
-from mlxd.api.http.keys import who_of
 from mlxd.api.http.requestlog import note_of
 from mlxd.api.lease import acquire, check_accepting, released_on_error
 from mlxd.api.openai.render import Kind, Renderer, sse_error
@@ -116,8 +117,8 @@ class OpenAIController(Controller):
 
 def _visible(request: Request, state: AppState) -> list[ModelState]:
     """The configured models, less those the request's API key may not use (its ``models``)."""
-    who = who_of(request.scope)
-    return [m for m in state.fleet.status().models if who is None or who.may_use(m.id)]
+    caller = caller_of(request.scope)
+    return [m for m in state.fleet.status().models if caller.may_use(m.id)]
 
 
 _KINDS: dict[

@@ -14,12 +14,12 @@ from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from mlxd.api.batches.dispatch import batch_mark
-from mlxd.api.generate import Output, check_generation, generate
+from mlxd.api.answer import Output
+from mlxd.api.generate import check_generation, generate
 from mlxd.api.http.body import read_body
+from mlxd.api.http.caller import caller_of
 from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.keys import presented_key, secrets
 from mlxd.api.lease import acquire, check_accepting, released_on_error
 from mlxd.api.priority import requested as requested_priority
 from mlxd.api.responses.render import ResponsesOutput
@@ -40,10 +40,9 @@ def _not_found(rid: str, *, status: int, param: str | None = None) -> OpenAIErro
     )
 
 
-def _owner(request: Request, state: AppState) -> str | None:
+def _owner(request: Request) -> str | None:
     """Who a stored response belongs to: the request's API key (hashed), None without keys."""
-    keys = secrets(state.settings)
-    return owner_of(presented_key(request.headers, keys)) if keys else None
+    return owner_of(caller_of(request.scope).owner)
 
 
 class ResponsesController(Controller):
@@ -59,7 +58,7 @@ class ResponsesController(Controller):
     async def retrieve(
         self, request: Request, mlxd: Mlxd, response_id: FromPath[str]
     ) -> Response[bytes]:
-        stored = mlxd.responses.get(response_id, owner=_owner(request, mlxd))
+        stored = mlxd.responses.get(response_id, owner=_owner(request))
         if stored is None:
             raise _not_found(response_id, status=404)
         return Response(stored.body, media_type=MediaType.JSON)
@@ -68,7 +67,7 @@ class ResponsesController(Controller):
     async def remove(
         self, request: Request, mlxd: Mlxd, response_id: FromPath[str]
     ) -> dict[str, Any]:
-        if not mlxd.responses.delete(response_id, owner=_owner(request, mlxd)):
+        if not mlxd.responses.delete(response_id, owner=_owner(request)):
             raise _not_found(response_id, status=404)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
@@ -78,7 +77,7 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
     settings = state.settings
     body = await read_body(request, settings.limits.max_body_bytes)
     req = decode(body, ResponsesRequest)
-    owner = _owner(request, state)
+    owner = _owner(request)
     previous: tuple[dict, ...] = ()
     if req.previous_response_id is not None:
         stored = state.responses.get(req.previous_response_id, owner=owner)
@@ -97,7 +96,7 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
 
     # A Batch API line is never stored: thousands of them would evict every interactive
     # user's stored responses (docs/batches.md).
-    storing = call.store and batch_mark(request.scope) is None
+    storing = call.store and caller_of(request.scope).stores_responses
 
     def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
         if storing and call.generate:  # a warm-up has no turn to continue

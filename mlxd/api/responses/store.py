@@ -45,11 +45,15 @@ _OWNER_KEY = secrets.token_bytes(32)
 _TRIM_AFTER = 1 << 20
 
 
-def owner_of(api_key: str | None) -> str | None:
-    """What the store keeps of the API key a request presented (None without keys)."""
-    if api_key is None:
+def owner_of(key: str | None) -> str | None:
+    """What the store keeps of the API key a request presented (None without keys).
+
+    ``key`` is the caller's :attr:`~mlxd.api.http.caller.Caller.owner` (the
+    key's digest), hashed once more under this process's own secret.
+    """
+    if key is None:
         return None
-    return hmac.new(_OWNER_KEY, api_key.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(_OWNER_KEY, key.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
