@@ -33,7 +33,7 @@ from mlxd.engine.chat.prompt_cache import Fetched, Kind
 from mlxd.engine.chat.prompt_disk import DiskTier, model_identity
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.serial import SerialRun
-from mlxd.engine.fleet.memory import MemoryPool
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Admitted, ErrorCode, Failed
 from mlxd.engine.policy.budget import KvRoom
 from mlxd.engine.policy.drain import DrainLog, Turn
@@ -54,7 +54,7 @@ class EngineCore(KvBudget):
         hooks: What the engine runs on (builds the lanes and the prompt cache).
         pump: Processes the inbox during a long serial prefill.
         pool: The memory budget shared with other loaded models
-            (:mod:`mlxd.engine.fleet.memory`); None: this engine's
+            (:mod:`mlxd.engine.memory`); None: this engine's
             ``[batch] kv_budget`` alone. ``pool_id`` names this engine in it.
         faults: Honour ``GenerationRequest.fault`` (tests only).
         runtime: Facts about the process (BLAS, device) for the snapshot.

@@ -43,7 +43,7 @@ from mlxd.engine.chat.intake_thread import Intaken, IntakeThread
 from mlxd.engine.chat.served_model import ServedModel
 from mlxd.engine.chat.snapshots import build_snapshot
 from mlxd.engine.chat.step import tick
-from mlxd.engine.fleet.memory import MemoryPool
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Failed
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from mlxd.config import Settings
 from mlxd.engine.chat.counters import Counters
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
-from mlxd.engine.fleet.memory import MemoryPool
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import ErrorCode
 from mlxd.engine.policy import admission
 from mlxd.engine.policy.budget import KvRoom, PoolRoom, config_key, kv_room

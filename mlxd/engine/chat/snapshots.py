@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from mlxd.engine.cluster.status import ClusterStatus
+from mlxd.engine.cluster_status import ClusterStatus
 from mlxd.engine.policy import admission
 from mlxd.engine.snapshot import (
     BatchState,
