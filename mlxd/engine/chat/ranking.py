@@ -11,15 +11,21 @@ tokens as prompt, and never in a cluster (:meth:`Lanes.preemption
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from mlxd.config import Settings
 from mlxd.engine.policy import admission, priority
+from mlxd.engine.snapshot import PreemptionEvent
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.row import Row
+
+
+logger = logging.getLogger(__name__)
 
 
 def rules(settings: Settings) -> priority.Rules:
@@ -115,3 +121,26 @@ def victim(
     ]
     index = priority.victim(waiter.priority, running)
     return None if index is None else rows[index]
+
+
+def yielded(row: Row, by: Row) -> PreemptionEvent:
+    """The record of ``row`` yielding to ``by`` (logged: the operator sees each preemption)."""
+    logger.info(
+        "preempted %s (%s, key %s) after %d tokens for %s (%s); it resumes from its kept cache",
+        row.id,
+        row.priority,
+        row.key or "-",
+        row.generated,
+        by.id,
+        by.priority,
+    )
+    return PreemptionEvent(
+        time.time(),
+        row.lane,
+        row.id,
+        row.request.client,
+        row.priority,
+        row.generated,
+        by.id,
+        by.priority,
+    )

@@ -13,7 +13,6 @@ pure policy modules (:mod:`mlxd.engine.policy`); the admission pass is
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,8 +32,6 @@ from mlxd.engine.snapshot import PreemptionEvent
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.row import Row
-
-logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -310,26 +307,7 @@ class Scheduler:
     def _park(self, row: Row, by: Row, now: float) -> None:
         """Record that ``row`` yields to ``by`` (the step folds it and keeps its cache)."""
         self._parked[id(row)] = now
-        event = PreemptionEvent(
-            time.time(),
-            row.lane,
-            row.id,
-            row.request.client,
-            row.priority,
-            row.generated,
-            by.id,
-            by.priority,
-        )
-        self.preemptions.append(event)
-        logger.info(
-            "preempted %s (%s, key %s) after %d tokens for %s (%s); it resumes from its kept cache",
-            row.id,
-            row.priority,
-            row.key or "-",
-            row.generated,
-            by.id,
-            by.priority,
-        )
+        self.preemptions.append(ranking.yielded(row, by))
 
     def parked(self, row: Row) -> bool:
         """Whether ``row`` yields in the tick being planned (it is not admitted again in it)."""
