@@ -27,15 +27,20 @@ Step = Literal["serial", "batch"]
 
 @dataclass(frozen=True)
 class Join:
-    """A row that leaves the batch queue for the batch, from ``hit`` (its planned cache hit)."""
+    """A row that leaves the batch queue for the batch, from ``hit`` (its planned cache hit).
+
+    Room for what comes next (not implemented; the step ignores them while empty):
+
+    - ``draft_tokens``: the row's draft tokens for speculative decoding;
+    - ``kv_bytes_per_token``: its KV bytes per token when its cache is quantized
+      (0: the layout's own);
+    - ``position_offsets``: its per-row position offsets (mrope), empty for plain text.
+    """
 
     row: Row
     hit: Any
-    # Next: speculative decoding's draft tokens for this row.
     draft_tokens: tuple[int, ...] = ()
-    # Next: the row's KV bytes per token when its cache is quantized (0: the layout's).
     kv_bytes_per_token: int = 0
-    # Next: per-row position offsets (mrope), empty for plain text rows.
     position_offsets: tuple[int, ...] = ()
 
 
