@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from mlxd.engine.cluster.join import Membership
     from mlxd.engine.cluster.leader import Leader
     from mlxd.engine.embeddings.engine import EmbeddingEngine
-    from mlxd.engine.fleet.memory import MemoryPool
+    from mlxd.engine.memory import MemoryPool
 
 logger = logging.getLogger(__name__)
 

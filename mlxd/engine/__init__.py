@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from mlxd.engine.channel import RequestHandle
 from mlxd.engine.checks import IntakeError, check_request
-from mlxd.engine.cluster.status import ClusterStatus
+from mlxd.engine.cluster_status import ClusterStatus
 from mlxd.engine.constraints import (
     TOOL_GRAMMAR_FORMATS,
     StructureError,

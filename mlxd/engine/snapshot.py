@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlxd.engine.cluster.status import ClusterStatus
+from mlxd.engine.cluster_status import ClusterStatus
 from mlxd.engine.messages import CacheLookup
 from mlxd.engine.policy.drain import DrainEvent
 

@@ -1,10 +1,9 @@
-"""The batch lane's turn: admitting pending rows under the KV budget, and one batched step.
+"""The batch lane's turn: inserting the rows the scheduler admitted, and one batched step.
 
 Runs on the engine thread over an :class:`~mlxd.engine.chat.core.EngineCore`.
-Admission takes the head of the pending queue while the pure rule
-(:func:`mlxd.engine.policy.admission.check_admission`) and the shared
-memory pool allow it; a step turns the generator's tokens into events and
-ends the rows that finished, hit a stop string or failed alone.
+Which rows join, and from which cache hit, is the scheduler's plan
+(:mod:`mlxd.engine.chat.admit`); a step turns the generator's tokens into
+events and ends the rows that finished, hit a stop string or failed alone.
 """
 
 from __future__ import annotations
@@ -12,111 +11,33 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxd.config import format_bytes
-from mlxd.engine.chat import replan
 from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.row import Row
-from mlxd.engine.policy import admission
-from mlxd.engine.policy.admission import Admission
+from mlxd.engine.chat.step_plan import Join
 
 logger = logging.getLogger(__name__)
 
 
-def admit(core: EngineCore) -> None:
-    """Move pending rows into the batch while they fit; say why the rest wait.
-
-    The queue is FIFO: the first row that does not fit stops admission,
-    unless it is stalled (refused on an idle lane, see
-    :mod:`mlxd.engine.policy.stalls`): then the rows behind it may still
-    join, in their order.
-    """
-    loaded = core.loaded
-    assert loaded is not None
-    core.waiting_for = None
-    if not core.pending:
-        return
-    if core.batch is None:
-        core.batch = core.hooks.make_batch_lane(loaded, core.settings.batch, faults=core.faults)
-    batch = core.batch
-    blocking: tuple[Row, Admission] | None = None  # the row that stopped admission
-    raced = False
-    index = 0
-    while index < len(core.pending):
-        row = core.pending[index]
-        if row.prefetched is None:
-            row.prefetched = core.fetch_cache(row.prompt)
-        # Planned on every pass: the budget may have shrunk since the lookup.
-        fetched = replan.plan_cache(core, row, row.prefetched)
-        if fetched is None:  # it can never fit the budget: refused
-            del core.pending[index]
-            continue
-        row.prefetched = fetched
-        check = _check(core, row)
-        if check.admit and not _claim(core, check):
-            core.waiting_for, raced = "budget", True  # another model claimed it meanwhile
-            break
-        if not check.admit:
-            core.waiting_for = core.waiting_for or check.waiting_for
-            if row.stalled is None:
-                blocking = (row, check)
-                break
-            index += 1
-            continue
-        del core.pending[index]
-        row.prefetched = None
-        core.admit_lookup(row, fetched)
-        try:
-            batch.insert(row, fetched.cache, fetched.rest)
-        except Exception as exc:
-            logger.exception("inserting %s into the batch", row.id)
-            core.fail(row, f"could not start generation: {exc}")
-            continue
-        core.last_turn = "batch"
-        core.max_active_seen = max(core.max_active_seen, len(batch))
-        core.prompt_cache.trim(core.live_bytes())
-    _watch(core, None if raced else blocking)
+def admit(core: EngineCore, joins: tuple[Join, ...]) -> None:
+    """Insert the rows the plan admits into the batch, each from its planned cache hit."""
+    if joins:
+        loaded = core.loaded
+        assert loaded is not None
+        if core.batch is None:
+            core.batch = core.hooks.make_batch_lane(loaded, core.settings.batch, faults=core.faults)
+        batch = core.batch
+        for join in joins:
+            row = join.row
+            core.admit_lookup(row, join.hit)
+            try:
+                batch.insert(row, join.hit.cache, join.hit.rest)
+            except Exception as exc:
+                logger.exception("inserting %s into the batch", row.id)
+                core.fail(row, f"could not start generation: {exc}")
+                continue
+            core.max_active_seen = max(core.max_active_seen, len(batch))
+            core.prompt_cache.trim(core.live_bytes())
     core.note_kv(after_step=False)
-
-
-def _check(core: EngineCore, row: Row) -> Admission:
-    batch, loaded = core.batch, core.loaded
-    assert batch is not None and loaded is not None
-    check = admission.check_admission(
-        loaded.layout,
-        [r.projected() for r in batch.rows.values()],
-        row.projected(),
-        batch_size=core.settings.batch.size,
-        budget=core.admission_budget(),
-        real_bytes=batch.nbytes,
-        prefill_step_size=core.settings.batch.prefill_step_size,
-        prompt_concurrency=core.settings.batch.prompt_concurrency,
-    )
-    if core.faults and row.request.fault == "never_admit":
-        return Admission(False, "budget", check.projected_bytes)  # a stand-in for a wedge bug
-    return check
-
-
-def _claim(core: EngineCore, check: Admission) -> bool:
-    """Raise this model's claim on a shared memory pool to cover the admitted batch."""
-    batch, pool = core.batch, core.pool
-    if pool is None or batch is None:
-        return True
-    return pool.claim_kv(core.pool_id, core.kv_claim(max(check.projected_bytes, batch.nbytes)))
-
-
-def _watch(core: EngineCore, blocking: tuple[Row, Admission] | None) -> None:
-    """Tell the stall watch whether a row was refused on an idle lane with its budget free."""
-    idle = core.lane_idle() and core.admission_budget() >= core.budget_bytes
-    stuck = blocking if blocking is not None and idle else None
-    if not core.stalls.observe(stuck[0].id if stuck else None, time.monotonic()) or not stuck:
-        return
-    row, check = stuck
-    row.stalled = (
-        f"request {row.id} waits for {check.waiting_for} while the batch is idle (it projects "
-        f"{format_bytes(check.projected_bytes)} of KV cache, the budget is "
-        f"{format_bytes(core.budget_bytes)}); the requests behind it are admitted past it"
-    )
-    logger.error("admission stalled: %s; this is a bug, please report it", row.stalled)
 
 
 def step(core: EngineCore) -> None:

@@ -1,12 +1,13 @@
-"""The engine thread's state: the served model, both lanes and their queues, the budget.
+"""The engine thread's state: the served model, both lanes, the prompt cache, the counters.
 
 :class:`EngineCore` is owned by one thread (see :mod:`mlxd.engine.chat.engine_thread`).
-It holds what the step modules work on (:mod:`~mlxd.engine.chat.step` plans
-the lanes' turns, :mod:`~mlxd.engine.chat.batch_step` and
-:mod:`~mlxd.engine.chat.serial_step` run them, :mod:`~mlxd.engine.chat.enqueue`
+It holds what the step modules work on (:mod:`~mlxd.engine.chat.step` carries
+out the scheduler's plan, :mod:`~mlxd.engine.chat.batch_step` and
+:mod:`~mlxd.engine.chat.serial_step` run the lanes, :mod:`~mlxd.engine.chat.enqueue`
 queues requests) and the few changes they share: how a row ends and is
-counted, cancelling, installing and releasing a model. The KV budget and the
-claim on a shared memory pool are its base class, :class:`~mlxd.engine.chat.kv_budget.KvBudget`.
+counted, cancelling, installing and releasing a model. The queues, the KV
+budget, priority, preemption and drains are its scheduler's
+(:class:`~mlxd.engine.chat.scheduler.Scheduler`, ``core.scheduler``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,20 +24,18 @@ from mlxd.engine.channel import Channel
 from mlxd.engine.chat import checkpoints
 from mlxd.engine.chat.batch import BatchLane
 from mlxd.engine.chat.counters import Counters, Peaks, Throughput
+from mlxd.engine.chat.engine_lanes import EngineLanes
 from mlxd.engine.chat.grammar import GrammarFailure
 from mlxd.engine.chat.hooks import ClusterHooks
-from mlxd.engine.chat.kv_budget import KvBudget
 from mlxd.engine.chat.kv_caches import compact
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.prompt_cache import Fetched, Kind
 from mlxd.engine.chat.prompt_disk import DiskTier, model_identity
 from mlxd.engine.chat.row import Row
+from mlxd.engine.chat.scheduler import Scheduler
 from mlxd.engine.chat.serial import SerialRun
-from mlxd.engine.fleet.memory import MemoryPool
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Admitted, ErrorCode, Failed
-from mlxd.engine.policy.budget import KvRoom
-from mlxd.engine.policy.drain import DrainLog, Turn
-from mlxd.engine.policy.stalls import StallWatch
 from mlxd.engine.snapshot import RecentLookup
 
 logger = logging.getLogger(__name__)
@@ -46,15 +44,15 @@ logger = logging.getLogger(__name__)
 RECENT_LOOKUPS = 32
 
 
-class EngineCore(KvBudget):
-    """Lanes, queues, drain and budget, owned by the engine thread.
+class EngineCore:
+    """The served model, the lanes and the prompt cache, owned by the engine thread.
 
     Args:
         settings: The live settings (replaced by :meth:`apply`).
         hooks: What the engine runs on (builds the lanes and the prompt cache).
         pump: Processes the inbox during a long serial prefill.
         pool: The memory budget shared with other loaded models
-            (:mod:`mlxd.engine.fleet.memory`); None: this engine's
+            (:mod:`mlxd.engine.memory`); None: this engine's
             ``[batch] kv_budget`` alone. ``pool_id`` names this engine in it.
         faults: Honour ``GenerationRequest.fault`` (tests only).
         runtime: Facts about the process (BLAS, device) for the snapshot.
@@ -75,7 +73,8 @@ class EngineCore(KvBudget):
         self.hooks = hooks
         self.pump = pump
         self.pool = pool
-        self.pool_id = pool_id
+        self.scheduler = Scheduler(settings, pool=pool, pool_id=pool_id, faults=faults)
+        self.lanes = EngineLanes(self)
         self.faults = faults
         self.started_wall = time.time()
         self.runtime = dict(runtime or {})
@@ -84,47 +83,37 @@ class EngineCore(KvBudget):
         self.model_error: str | None = None
         self.batch: BatchLane | None = None
         self.serial: SerialRun | None = None
-        self.pending: deque[Row] = deque()
-        self.serial_queue: deque[Row] = deque()
-        # Exclusive commands (a model swap) wait for both lanes to be idle.
-        self.exclusive: deque[tuple[str, Callable[[], None]]] = deque()
         self.prompt_cache = hooks.make_prompt_cache(
             settings.prompt_cache, lambda: self.settings.batch
         )
         self.lookups: deque[RecentLookup] = deque(maxlen=RECENT_LOOKUPS)
         # [prompt_cache] volatile_rules applied to admitted requests, by rule.
         self.rule_counts: dict[str, int] = {}
-        self.drains = DrainLog()
         self.counters = Counters()
         self.throughput = Throughput()
         self.peaks = Peaks()
-        self.last_turn: Turn = "batch"
-        self.waiting_for: str | None = None
         self.accepting = True
         # Requests the intake thread is tokenizing (set by the engine thread).
         self.intaking = 0
-        self.room = KvRoom(0, "kv_budget")
-        self.stalls = StallWatch()
         self.max_active_seen = 0
-        self.max_kv_seen = 0
         self.last_step_wall = time.time()
         self.last_error: str | None = None
         self.last_error_at: float | None = None
         self.avg_generated = float(settings.sampling.max_tokens)
-        # Scheduling (mlxd.engine.chat.preempt): arrival numbers, recent preemptions.
-        self.next_seq = 0
-        # When each API key last had a request admitted (fair share's tie-break).
-        self.served: dict[str, float] = {}
-        self.preemptions: deque[Any] = deque(maxlen=32)
+
+    @property
+    def pool_id(self) -> str:
+        """This engine's name in the shared memory pool (a rename changes it)."""
+        return self.scheduler.budget.pool_id
+
+    @pool_id.setter
+    def pool_id(self, value: str) -> None:
+        self.scheduler.budget.pool_id = value
 
     @property
     def busy(self) -> bool:
         return bool(
-            self.pending
-            or self.serial_queue
-            or self.serial
-            or self.exclusive
-            or (self.batch is not None and len(self.batch))
+            self.scheduler.has_work or self.serial or (self.batch is not None and len(self.batch))
         )
 
     def lane_idle(self) -> bool:
@@ -156,7 +145,7 @@ class EngineCore(KvBudget):
         self.model_status = "ready"
         self.model_error = None
         self.prompt_cache.attach_disk(self._open_disk())
-        self.update_room()
+        self.scheduler.update_room(self.lanes)
 
     def apply(self, settings: Settings) -> None:
         """Apply policy keys between two steps; rows already running keep running.
@@ -173,11 +162,7 @@ class EngineCore(KvBudget):
         self.prompt_cache.configure(new, self.live_bytes())
         if self.batch is not None:
             self.batch.configure(settings.batch)
-        allowance = settings.batch.decode_allowance  # queued rows are projected anew
-        for queue in (self.pending, self.serial_queue):
-            for row in queue:
-                row.extent = replace(row.extent, decode=min(row.max_tokens, allowance))
-        self.update_room(recheck=True)
+        self.scheduler.apply(settings, self.lanes)
 
     def release(self) -> None:
         """Drop every MLX object; called on the engine thread before it exits.
@@ -194,14 +179,27 @@ class EngineCore(KvBudget):
         self.prompt_cache.clear()
         self.loaded = None
 
-    # ------------------------------------------------------------ KV budget
+    # ------------------------------------------------------------ KV bytes
+
+    def live_bytes(self) -> int:
+        """Real KV bytes the batch holds now."""
+        return self.batch.nbytes if self.batch is not None else 0
+
+    def kv_bytes(self) -> int:
+        """Real KV bytes of both lanes now."""
+        return self.live_bytes() + (self.serial.nbytes if self.serial is not None else 0)
+
+    def note_kv(self, *, after_step: bool) -> None:
+        """Record the KV bytes held now (after an admission or a step): the peak, and
+        steps that ended over the budget (rows generating past their decode allowance)."""
+        if self.scheduler.update_from_output(self.kv_bytes(), after_step=after_step):
+            self.counters.kv_over_budget_steps += 1
 
     def sample_peaks(self) -> None:
         """Record the KV bytes and queue length now, for the dashboard's sparklines."""
-        self.peaks.add(self.kv_bytes(), len(self.pending) + len(self.serial_queue), time.time())
-        if self.pool is not None:
-            self.pool.report_kv(self.pool_id, self.kv_claim())
-            self.update_room()
+        queued = len(self.scheduler.pending) + len(self.scheduler.serial_queue)
+        self.peaks.add(self.kv_bytes(), queued, time.time())
+        self.scheduler.sample(self.lanes)
 
     # ------------------------------------------------------------ prompt cache
 
@@ -241,7 +239,6 @@ class EngineCore(KvBudget):
         loaded = self.loaded
         assert loaded is not None
         cached = len(row.prompt) - len(fetched.rest)
-        self.served[row.key] = time.monotonic()
         if row.resumed:  # a preempted row: its client was told long ago; it goes on decoding
             row.resumed, row.started_mono = False, time.monotonic()
             row.prefill_done, row.prefill_total = 0, len(fetched.rest)
@@ -295,12 +292,9 @@ class EngineCore(KvBudget):
 
     def cancel(self, request_id: str) -> None:
         """Remove a request wherever it is; a running row leaves before the next step."""
-        for queue in (self.pending, self.serial_queue):
-            for row in queue:
-                if row.id == request_id:
-                    queue.remove(row)
-                    self.cancelled(row)
-                    return
+        for row in self.scheduler.finish_requests(request_id):
+            self.cancelled(row)
+            return
         if self.serial is not None and self.serial.row.id == request_id:
             self.serial.row.cancelled = True
             return
@@ -360,9 +354,8 @@ class EngineCore(KvBudget):
         if self.batch is not None:
             for row in self.batch.reset(self.settings.batch):
                 self.fail(row, message, code=code, status=status)
-        for queue in (self.pending, self.serial_queue):
-            while queue:
-                self.fail(queue.popleft(), message, code=code, status=status)
+        for row in self.scheduler.finish_requests():
+            self.fail(row, message, code=code, status=status)
 
 
 def _disk_key(settings: Settings) -> tuple[bool, Path]:

@@ -41,7 +41,7 @@ from mlxd.engine.chat.commands import (
 )
 from mlxd.engine.chat.engine_thread import EngineThread
 from mlxd.engine.chat.hooks import ClusterHooks, OneMachine
-from mlxd.engine.fleet.memory import MemoryPool
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Constraint, Failed, GenerationRequest, ModelInfo
 from mlxd.engine.snapshot import Snapshot
 
@@ -77,7 +77,7 @@ class Engine:
             or rank 0's hooks of a cluster
             (:class:`~mlxd.engine.cluster.hooks.LeaderHooks`, docs/cluster.md).
         pool: The memory budget shared with the other loaded models
-            (:mod:`mlxd.engine.fleet.memory`); ``model_id`` names this engine in it.
+            (:mod:`mlxd.engine.memory`); ``model_id`` names this engine in it.
         load_at_start: Load the model when the thread starts; otherwise the
             engine waits, unloaded, for :meth:`load` (the fleet's loads).
     """

@@ -43,7 +43,7 @@ from mlxd.engine.chat.intake_thread import Intaken, IntakeThread
 from mlxd.engine.chat.served_model import ServedModel
 from mlxd.engine.chat.snapshots import build_snapshot
 from mlxd.engine.chat.step import tick
-from mlxd.engine.fleet.memory import MemoryPool
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Failed
 
 logger = logging.getLogger(__name__)
@@ -295,8 +295,8 @@ class EngineThread:
         self._intaking[submit.request.id] = submit
         core.intaking = len(self._intaking)
         if core.pool is not None:  # other models may have loaded or unloaded since the last step
-            core.update_room()
-        self._intake.prepare(submit, core.loaded, core.settings, core.room)
+            core.scheduler.update_room(core.lanes)
+        self._intake.prepare(submit, core.loaded, core.settings, core.scheduler.room)
 
     def _prepared(self, message: Intaken) -> None:
         core = self.core
@@ -333,7 +333,7 @@ class EngineThread:
         if reason is None:
             run()
         else:
-            self.core.exclusive.append((reason, run))
+            self.core.scheduler.add_exclusive(reason, run)
 
     def _execute(self, command: Command) -> Any:
         core = self.core

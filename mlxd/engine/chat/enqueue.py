@@ -40,7 +40,7 @@ def enqueue(
         why = core.model_error or "the model is still loading"
         return core.refuse(channel, Failed("model_not_loaded", f"no model is loaded: {why}", 503))
     if prepared is None:
-        prepared = prepare(loaded, request, core.settings, core.room)
+        prepared = prepare(loaded, request, core.settings, core.scheduler.room)
     if isinstance(prepared, Failed):
         return core.refuse(channel, prepared)
     depth = waiting(core)
@@ -50,8 +50,6 @@ def enqueue(
             channel, Failed("queue_full", message, 429, retry_after=_retry_after(core, depth))
         )
     row = _row(loaded, request, channel, prepared, now_mono, now_wall)
-    row.seq, row.queued_mono = core.next_seq, now_mono
-    core.next_seq += 1
     counters = core.counters
     counters.submitted += 1
     reasons = counters.lane_reasons
@@ -62,7 +60,7 @@ def enqueue(
         kinds = counters.constrained_rows
         kinds[request.constraint.kind] = kinds.get(request.constraint.kind, 0) + 1
     channel.push(Accepted(row.lane, row.reason, len(row.prompt), loaded.info.id))
-    (core.pending if row.lane == "batch" else core.serial_queue).append(row)
+    core.scheduler.add_request(row, now_mono)
 
 
 def waiting(core: EngineCore) -> int:
@@ -73,7 +71,8 @@ def waiting(core: EngineCore) -> int:
     step is counted the same as a trickle).
     """
     free_batch, free_serial = _free_slots(core)
-    return max(0, len(core.pending) - free_batch) + max(0, len(core.serial_queue) - free_serial)
+    sched = core.scheduler
+    return max(0, len(sched.pending) - free_batch) + max(0, len(sched.serial_queue) - free_serial)
 
 
 def prepare_queued_again(core: EngineCore) -> None:
@@ -84,40 +83,37 @@ def prepare_queued_again(core: EngineCore) -> None:
     """
     loaded = core.loaded
     assert loaded is not None
-    for queue in (core.pending, core.serial_queue):
-        for row in list(queue):
-            if row.folded:  # its generated tokens are the old model's: it cannot go on
-                queue.remove(row)
-                message = (
-                    "the model was swapped while this request was paused for a more urgent "
-                    "one ([scheduling] preempt); its answer cannot go on with another model: "
-                    "retry it"
-                )
-                core.fail(row, message, code="model_not_loaded", status=503)
-                continue
-            prepared = prepare(loaded, row.request, core.settings, core.room)
-            if isinstance(prepared, Failed):
-                queue.remove(row)
-                message = f"the new model cannot take this request: {prepared.message}"
-                core.fail(row, message, code=prepared.code, status=prepared.status)
-                continue
-            row.prompt, row.max_tokens, row.extent = (
-                prepared.prompt,
-                prepared.max_tokens,
-                prepared.extent,
+    sched = core.scheduler
+    for row in sched.queued():
+        if row.folded:  # its generated tokens are the old model's: it cannot go on
+            sched.discard(row)
+            message = (
+                "the model was swapped while this request was paused for a more urgent "
+                "one ([scheduling] preempt); its answer cannot go on with another model: "
+                "retry it"
             )
-            row.tokenizer = loaded.tokenizer
-            row.text = TextStream(loaded.tokenizer.detokenizer, row.request.stop)
-            row.output = make_output(loaded, row.request, prepared.phase)
-            row.matcher = prepared.constraint
-            row.system_end, row.prompt_end = prepared.system_end, prepared.prompt_end
-            row.images = prepared.images
-            row.prefetched = None
+            core.fail(row, message, code="model_not_loaded", status=503)
+            continue
+        prepared = prepare(loaded, row.request, core.settings, sched.room)
+        if isinstance(prepared, Failed):
+            sched.discard(row)
+            message = f"the new model cannot take this request: {prepared.message}"
+            core.fail(row, message, code=prepared.code, status=prepared.status)
+            continue
+        row.prompt, row.max_tokens, row.extent = (
+            prepared.prompt,
+            prepared.max_tokens,
+            prepared.extent,
+        )
+        row.tokenizer = loaded.tokenizer
+        row.text = TextStream(loaded.tokenizer.detokenizer, row.request.stop)
+        row.output = make_output(loaded, row.request, prepared.phase)
+        row.matcher = prepared.constraint
+        row.system_end, row.prompt_end = prepared.system_end, prepared.prompt_end
+        row.images = prepared.images
+        row.prefetched = None
     if not loaded.capabilities.batchable:
-        while core.pending:
-            row = core.pending.popleft()
-            row.lane, row.reason = "serial", "capability"
-            core.serial_queue.append(row)
+        sched.to_serial("capability")
 
 
 def _free_slots(core: EngineCore) -> tuple[int, int]:
@@ -129,8 +125,8 @@ def _free_slots(core: EngineCore) -> tuple[int, int]:
 def _would_wait(core: EngineCore, lane: Lane) -> bool:
     free_batch, free_serial = _free_slots(core)
     if lane == "batch":
-        return len(core.pending) >= free_batch
-    return len(core.serial_queue) >= free_serial
+        return len(core.scheduler.pending) >= free_batch
+    return len(core.scheduler.serial_queue) >= free_serial
 
 
 def _retry_after(core: EngineCore, depth: int) -> int:

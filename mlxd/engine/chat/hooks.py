@@ -19,7 +19,7 @@ from mlxd.engine.chat.loading import LoadedModel, load_model
 from mlxd.engine.chat.prompt_cache import PromptCache
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.serial import OnCheckpoint, SerialRun
-from mlxd.engine.cluster.status import ClusterStatus
+from mlxd.engine.cluster_status import ClusterStatus
 from mlxd.engine.messages import Failed
 
 # Ends every request with the value and shows it as the engine's state (any thread).

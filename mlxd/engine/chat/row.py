@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import mlx.core as mx
 
@@ -32,10 +32,19 @@ from mlxd.engine.messages import (
 from mlxd.engine.policy.admission import RowExtent
 
 if TYPE_CHECKING:
-    from mlxd.engine.chat.prompt_cache import Fetched, Kind
+    from mlxd.engine.chat.prompt_cache import Kind
 
 Phase = Literal["pending", "queued", "prefill", "decode"]
 _NO_EXTENT = RowExtent(0)
+
+
+class Hit(Protocol):
+    """A prompt-cache lookup as the scheduler sees it (a ``prompt_cache.Fetched``)."""
+
+    @property
+    def cache(self) -> Any: ...
+    @property
+    def rest(self) -> list[int]: ...
 
 
 @dataclass(eq=False)
@@ -63,7 +72,7 @@ class Row:
     # Every sampled token, end-of-sequence included (what the KV cache holds).
     generated_ids: list[int] = field(default_factory=list)
     # The head of the pending queue keeps its prompt-cache lookup while it waits.
-    prefetched: Fetched | None = None
+    prefetched: Hit | None = None
     # Where the system prefix and the reusable prompt end (intake; None: no such point).
     system_end: int | None = None
     prompt_end: int | None = None

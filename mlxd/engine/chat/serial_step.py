@@ -1,4 +1,4 @@
-"""The serial lane's turn: starting the next serial row, and advancing it one token.
+"""The serial lane's turn: starting the row the scheduler planned, and advancing it one token.
 
 Runs on the engine thread over an :class:`~mlxd.engine.chat.core.EngineCore`;
 the run itself (mlx-lm's ``generate_step``) is :mod:`mlxd.engine.chat.serial`.
@@ -9,22 +9,18 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxd.engine.chat import replan
 from mlxd.engine.chat.core import EngineCore
+from mlxd.engine.chat.prompt_cache import Fetched
 from mlxd.engine.chat.row import Row
 
 logger = logging.getLogger(__name__)
 
 
-def start(core: EngineCore, row: Row) -> None:
-    """Make ``row`` the serial row, from the nearest cached prefix of its prompt."""
+def start(core: EngineCore, row: Row, fetched: Fetched) -> None:
+    """Make ``row`` the serial row, from ``fetched``: its planned prompt-cache hit."""
     loaded = core.loaded
     assert loaded is not None
-    fetched = replan.plan_cache(core, row, core.fetch_cache(row.prompt))
-    if fetched is None:  # it can never fit the budget: refused
-        return
     core.admit_lookup(row, fetched)
-    core.last_turn = "serial"
     try:
         core.serial = core.hooks.make_serial_run(
             loaded,

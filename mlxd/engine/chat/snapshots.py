@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from mlxd.engine.cluster.status import ClusterStatus
+from mlxd.engine.cluster_status import ClusterStatus
 from mlxd.engine.policy import admission
 from mlxd.engine.snapshot import (
     BatchState,
@@ -56,11 +56,12 @@ def build_snapshot(
     loaded = core.loaded
     layout = loaded.layout if loaded else None
     step = settings.batch.prefill_step_size
+    sched = core.scheduler.make_stats()
 
     rows: list[RunningRow] = []
     batch_rows = list(core.batch.rows.values()) if core.batch is not None else []
     batch_bytes = core.batch.nbytes if core.batch is not None else 0
-    projected = core.batch_projection()
+    projected = core.scheduler.budget.batch_projection(core.lanes, settings)
     n = max(len(batch_rows), 1)
     rows.extend(_running_row(r, now, batch_bytes // n, projected // n) for r in batch_rows)
     serial_bytes = 0
@@ -72,8 +73,8 @@ def build_snapshot(
         projected += alone
 
     pending = []
-    blocked = core.waiting_for or "batch_full"
-    for row in core.pending:
+    blocked = sched.waiting_for or "batch_full"
+    for row in sched.pending:
         alone = admission.alone_bytes(layout, row.extent, step) if layout else 0
         pending.append(
             WaitingRequest(
@@ -89,7 +90,7 @@ def build_snapshot(
                 row.preemptions > 0,
             )
         )
-    for row in core.serial_queue:
+    for row in sched.serial_queue:
         alone = admission.alone_bytes(layout, row.extent, step) if layout else 0
         pending.append(
             WaitingRequest(
@@ -109,7 +110,7 @@ def build_snapshot(
     live = batch_bytes + serial_bytes
     info = loaded.info if loaded else None
     batched = settings.batch.size > 1 and bool(info and info.batchable)
-    open_drain = core.drains.open
+    open_drain = sched.drain_open
     return Snapshot(
         taken_at=wall,
         started_at=core.started_wall,
@@ -136,22 +137,22 @@ def build_snapshot(
             prefilling_rows=sum(1 for r in rows if r.phase == "prefill"),
             kv_bytes=live,
             kv_projected_bytes=projected,
-            kv_budget_bytes=core.budget_bytes,
+            kv_budget_bytes=sched.budget_bytes,
             kv_budget_auto=settings.batch.kv_budget == "auto",
             max_active_rows_seen=core.max_active_seen,
-            max_kv_bytes_seen=core.max_kv_seen,
+            max_kv_bytes_seen=sched.max_kv_seen,
             admission_paused=open_drain.reason if open_drain else None,
         ),
         rows=tuple(rows),
         pending=tuple(pending),
-        drains=core.drains.events(),
+        drains=sched.drains,
         prompt_cache=replace(
             core.prompt_cache.state(core.counters.cached_tokens), rules=dict(core.rule_counts)
         ),
         counters={
             **core.counters.as_dict(),
-            "drains": core.drains.total,
-            "drain_paused_seconds": round(core.drains.total_paused_s, 3),
+            "drains": sched.drains_total,
+            "drain_paused_seconds": round(sched.drain_paused_s, 3),
         },
         throughput=core.throughput.rates(wall),
         runtime=dict(core.runtime),
@@ -162,7 +163,7 @@ def build_snapshot(
         history=core.peaks.history(wall),
         busy=core.busy or core.intaking > 0,
         cluster=cluster,
-        stall=next((r.stalled for r in core.pending if r.stalled), None),
+        stall=sched.stall,
         lookups=tuple(core.lookups),
-        preemptions=tuple(reversed(core.preemptions)),
+        preemptions=sched.preemptions,
     )

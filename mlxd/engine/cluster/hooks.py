@@ -29,8 +29,8 @@ from mlxd.engine.cluster.join import ClusterError
 from mlxd.engine.cluster.leader import Leader
 from mlxd.engine.cluster.plan import PeerLost
 from mlxd.engine.cluster.start import check_model, shard_loader, start_leader
-from mlxd.engine.cluster.status import ClusterStatus
 from mlxd.engine.cluster.watchdog import HEARTBEAT_S
+from mlxd.engine.cluster_status import ClusterStatus
 from mlxd.engine.messages import Failed
 
 logger = logging.getLogger(__name__)

@@ -49,8 +49,8 @@ from mlxd.engine.cluster.plan import (
     encode_plan,
     local_digest,
 )
-from mlxd.engine.cluster.status import ClusterEvent, ClusterState, ClusterStatus, RankStatus
 from mlxd.engine.cluster.watchdog import EXIT_LOST, HEARTBEAT_S, Watchdog
+from mlxd.engine.cluster_status import ClusterEvent, ClusterState, ClusterStatus, RankStatus
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ long prefill never holds another model's step.
 The parts, each in its module: the slots, routing and events
 (:mod:`~mlxd.engine.fleet.slots`), loads (:mod:`~mlxd.engine.fleet.loading`)
 and the room they make in the budget (:mod:`~mlxd.engine.fleet.room`,
-:mod:`~mlxd.engine.fleet.memory`), unloads and keep_alive
+:mod:`~mlxd.engine.memory`), unloads and keep_alive
 (:mod:`~mlxd.engine.fleet.unloading`), the admin actions
 (:mod:`~mlxd.engine.fleet.admin`), keeping inside a shrunk budget
 (:mod:`~mlxd.engine.fleet.fit`), a reloaded registry
@@ -35,7 +35,6 @@ from mlxd.engine.chat.engine import Engine
 from mlxd.engine.fleet.admin import Admin
 from mlxd.engine.fleet.fit import Fit
 from mlxd.engine.fleet.loading import Loads
-from mlxd.engine.fleet.memory import MemoryPool
 from mlxd.engine.fleet.reload import RegistryReload
 from mlxd.engine.fleet.room import Room
 from mlxd.engine.fleet.slot import Lease, Slot, budget_bytes
@@ -43,6 +42,7 @@ from mlxd.engine.fleet.slots import TICK_S, EngineMaker, Slots
 from mlxd.engine.fleet.status import chat_snapshots, fleet_view
 from mlxd.engine.fleet.unloading import Unloads
 from mlxd.engine.fleet.values import FleetApplied, FleetStatus, ModelState
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.snapshot import Snapshot
 
 if TYPE_CHECKING:

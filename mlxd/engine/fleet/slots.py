@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from mlxd.config import Settings
 from mlxd.config.registry import for_model, registry, resolve
-from mlxd.engine.fleet.memory import MemoryPool
 from mlxd.engine.fleet.slot import Slot, estimate_weights
 from mlxd.engine.fleet.values import FleetEvent, FleetRefusal
+from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Failed
 
 if TYPE_CHECKING:

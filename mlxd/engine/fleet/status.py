@@ -15,10 +15,10 @@ from typing import Any
 
 from mlxd.config.registry import default_id
 from mlxd.engine.fleet.fit import over_budget
-from mlxd.engine.fleet.memory import PoolUsage
 from mlxd.engine.fleet.slot import Slot
 from mlxd.engine.fleet.slots import Slots
 from mlxd.engine.fleet.values import FleetStatus, ModelState
+from mlxd.engine.memory import PoolUsage
 from mlxd.engine.snapshot import Snapshot
 
 # What a loaded model can do, from its info record (ModelInfo or EmbeddingInfo).
