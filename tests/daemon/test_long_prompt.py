@@ -2,8 +2,9 @@
 
 Tokenizing a long prompt takes about a second on this kind of machine. It
 happens on the engine's intake thread, so a running stream keeps its pace:
-its inter-token gap while another request is tokenized may grow by at most
-one normal step. Prompts that certainly exceed the context are refused from
+while another request is tokenized, its median inter-token gap stays within
+a small factor of its own median just before, and no gap comes near the time
+the tokenizing took. Prompts that certainly exceed the context are refused from
 their length alone, before any tokenizing.
 """
 
@@ -92,18 +93,18 @@ def test_a_huge_prompt_does_not_stall_running_streams(daemon):
     assert during, "no token arrived while the prompt was tokenized"
     print(
         f"step {step * 1000:.0f} ms; while a {answered_at - sent_at:.1f} s prompt was "
-        f"tokenized, worst gap {max(during) * 1000:.0f} ms over {len(during)} tokens"
+        f"tokenized, median gap {statistics.median(during) * 1000:.0f} ms, "
+        f"worst {max(during) * 1000:.0f} ms over {len(during)} tokens"
     )
-    # Relative to this run's own baseline (issue 22: a loaded 2-core machine): the
-    # stream's usual worst gap before plus two normal steps, or three times that gap
-    # (tokenizing takes one of the two cores from the engine meanwhile; at a load
-    # average of 8, 2 x usual was seen exceeded by 2 %). A stall would be one gap as
-    # long as the tokenizing: never more than half of it here.
+    # Measured against this same stream just before (issues 22 and 29: a loaded 2-core
+    # machine stretches every gap, and tokenizing takes one core from the engine): its
+    # usual pace holds within a factor of three, and no single gap comes near the
+    # tokenizing time. An engine blocked for the tokenizing (or most of it) would show
+    # one gap as long as the tokenizing, and a median gap of that size too.
     tokenizing = answered_at - sent_at
-    usual = sorted(before)[int(0.9 * len(before))]
-    allowed = max(usual + 2 * step + 0.03, 3 * usual)
-    assert max(during) <= allowed, (step, usual, sorted(during)[-5:])
-    assert max(during) < tokenizing / 2, (tokenizing, sorted(during)[-5:])
+    pace = statistics.median(during)
+    assert pace <= 3 * step, (step, pace, sorted(during)[-5:])
+    assert max(during) < tokenizing / 3, (tokenizing, sorted(during)[-5:])
     # A stall would have been visible: tokenizing took several steps' time.
     assert tokenizing > 3 * step
     # The 3.9 MB prompt (6.5 times the characters) was refused faster than the

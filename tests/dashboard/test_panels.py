@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.support import ROOT
+from tests.support.browser import frozen
 from tests.support.daemon import Daemon, toml_config
 from tests.support.tinymodels import tiny_model_dir
 
@@ -89,22 +90,23 @@ def test_panels_at_desktop_and_phone_widths(daemon: Daemon, pages, tmp_path: Pat
     page.goto(f"{daemon.url}/dashboard")
     page.wait_for_function("() => window.htmx && htmx.version.startsWith('2.0')")
 
-    # Memory: the process and MLX's allocator, the weights next to the KV budget.
-    for field in ("rss", "mlx-active", "mlx-cache", "weights"):
-        assert _text(page, f"#memory [data-field={field}]") not in ("", "—"), field
-    assert _text(page, "#memory [data-field=dtype]") == "float32"
-    # Latency over the last minutes, from the finished requests.
-    for field in ("ttft-p50", "ttft-p95", "e2e-p50", "e2e-p95", "itl-p50", "itl-p95"):
-        assert _text(page, f"#latency [data-field={field}]").endswith(" ms"), field
-    assert "3 requests finished in the last 5 min" in _text(page, "#latency h2")
-    # Sparklines: three server-rendered SVG lines.
-    assert page.locator("#history figure.spark svg polyline").count() == 3
-    assert page.locator("#history [data-spark=tps] polyline").get_attribute("points")
-    # The log tail shows the warning as text, never as markup.
-    tail = page.locator("#log-tail")
-    assert HOSTILE in tail.inner_text() and "rejected" in tail.inner_text()
-    assert tail.locator("script").count() == 0
-    assert page.evaluate("window.pwned") is None
+    with frozen(page):  # the regions poll: read one version of each
+        # Memory: the process and MLX's allocator, the weights next to the KV budget.
+        for field in ("rss", "mlx-active", "mlx-cache", "weights"):
+            assert _text(page, f"#memory [data-field={field}]") not in ("", "—"), field
+        assert _text(page, "#memory [data-field=dtype]") == "float32"
+        # Latency over the last minutes, from the finished requests.
+        for field in ("ttft-p50", "ttft-p95", "e2e-p50", "e2e-p95", "itl-p50", "itl-p95"):
+            assert _text(page, f"#latency [data-field={field}]").endswith(" ms"), field
+        assert "3 requests finished in the last 5 min" in _text(page, "#latency h2")
+        # Sparklines: three server-rendered SVG lines.
+        assert page.locator("#history figure.spark svg polyline").count() == 3
+        assert page.locator("#history [data-spark=tps] polyline").get_attribute("points")
+        # The log tail shows the warning as text, never as markup.
+        tail = page.locator("#log-tail")
+        assert HOSTILE in tail.inner_text() and "rejected" in tail.inner_text()
+        assert tail.locator("script").count() == 0
+        assert page.evaluate("window.pwned") is None
 
     threads = _busy(daemon, 4, 1500)
     page.locator("#active-rows tbody tr").first.wait_for(timeout=WAIT_MS)
@@ -119,19 +121,19 @@ def test_panels_at_desktop_and_phone_widths(daemon: Daemon, pages, tmp_path: Pat
     phone.goto(f"{daemon.url}/dashboard")
     row = phone.locator("#active-rows tbody tr").first
     row.wait_for(timeout=WAIT_MS)
-    assert row.evaluate("e => getComputedStyle(e).display") == "grid"
-    assert phone.locator("#active-rows thead").evaluate("e => getComputedStyle(e).display") == (
-        "none"
-    )
-    label = row.locator("td").first.evaluate("e => getComputedStyle(e, '::before').content")
-    assert label == '"request"'
-    waiting = phone.locator("#pending-queue tbody tr").first
-    if waiting.count():
-        assert waiting.evaluate("e => getComputedStyle(e).display") == "grid"
-    overflow = phone.evaluate(
-        "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
-    )
-    assert overflow <= 0, f"the page scrolls sideways by {overflow}px on a phone"
+    with frozen(phone):  # the running and waiting tables poll: hold them still to read
+        assert row.evaluate("e => getComputedStyle(e).display") == "grid"
+        head = phone.locator("#active-rows thead")
+        assert head.evaluate("e => getComputedStyle(e).display") == "none"
+        label = row.locator("td").first.evaluate("e => getComputedStyle(e, '::before').content")
+        assert label == '"request"'
+        waiting = phone.locator("#pending-queue tbody tr").first
+        if waiting.count():
+            assert waiting.evaluate("e => getComputedStyle(e).display") == "grid"
+        overflow = phone.evaluate(
+            "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, f"the page scrolls sideways by {overflow}px on a phone"
     # The screen an operator scrolls to: the running and waiting requests as cards.
     phone.evaluate("document.getElementById('active-rows').scrollIntoView()")
     _shot(phone, "dashboard-phone.png", tmp_path, full_page=False)
