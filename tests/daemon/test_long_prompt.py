@@ -104,7 +104,7 @@ def test_a_huge_prompt_does_not_stall_running_streams(daemon):
     tokenizing = answered_at - sent_at
     pace = statistics.median(during)
     assert pace <= 3 * step, (step, pace, sorted(during)[-5:])
-    assert max(during) < tokenizing / 3, (tokenizing, sorted(during)[-5:])
+    assert max(during) < tokenizing / 2, (tokenizing, sorted(during)[-5:])
     # A stall would have been visible: tokenizing took several steps' time.
     assert tokenizing > 3 * step
     # The 3.9 MB prompt (6.5 times the characters) was refused faster than the

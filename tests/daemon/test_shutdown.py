@@ -62,6 +62,15 @@ def stream_in_thread(
     return t
 
 
+def _wait_shutting_down(d: Daemon, timeout: float = 20.0) -> httpx.Response:
+    """Wait until /ready stops saying 200 (the daemon handled its SIGTERM); that answer."""
+    deadline = time.monotonic() + timeout
+    while (ready := httpx.get(f"{d.url}/ready", timeout=5)).status_code == 200:
+        assert time.monotonic() < deadline, "the SIGTERM was never handled"
+        time.sleep(0.02)
+    return ready
+
+
 def test_sigterm_lets_short_streams_finish_and_ends_long_ones(start):
     d = start(4)
     out: dict = {}
@@ -72,8 +81,7 @@ def test_sigterm_lets_short_streams_finish_and_ends_long_ones(start):
     d.wait_rows(2)
     pid_before = d.proc.pid
     d.signal(signal.SIGTERM)
-    time.sleep(0.3)
-    ready = httpx.get(f"{d.url}/ready", timeout=5)
+    ready = _wait_shutting_down(d)
     assert ready.status_code == 503 and ready.json()["reason"] == "shutting down"
     refused = httpx.post(
         f"{d.url}/v1/chat/completions",
@@ -111,6 +119,7 @@ def test_second_signal_exits_at_once(start):
     t = stream_in_thread(d, 4000, out, "long")
     d.wait_rows(1)
     d.signal(signal.SIGTERM)
+    _wait_shutting_down(d)  # the SIGTERM was handled
     time.sleep(0.5)
     assert d.proc.poll() is None  # still draining: the timeout is 60 s
     d.signal(signal.SIGINT)
