@@ -38,7 +38,10 @@ def daemon(daemons, tiny_models):
     return daemons.get(_config(tiny_models("llama")), name="panels")
 
 
-def _chat(d: Daemon, max_tokens: int, stream: bool = False) -> None:
+def _chat(
+    d: Daemon, max_tokens: int, stream: bool = False, stop: threading.Event | None = None
+) -> None:
+    """One chat completion, read to its end (or until ``stop`` is set: the client leaves)."""
     body = {
         "model": d.model_id(),
         "messages": [{"role": "user", "content": "tell me a long story"}],
@@ -48,13 +51,17 @@ def _chat(d: Daemon, max_tokens: int, stream: bool = False) -> None:
     with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=180) as r:
         assert r.status_code == 200
         for _ in r.iter_lines():
-            pass
+            if stop is not None and stop.is_set():
+                break
 
 
-def _busy(d: Daemon, n: int, max_tokens: int) -> list[threading.Thread]:
-    """``n`` long streams in the background: rows to show, a queue (batch size 2)."""
+def _busy(d: Daemon, n: int, max_tokens: int, stop: threading.Event) -> list[threading.Thread]:
+    """``n`` long streams in the background: rows to show, a queue (batch size 2).
+
+    They end when ``stop`` is set (the clients disconnect), not after all their tokens."""
     threads = [
-        threading.Thread(target=_chat, args=(d, max_tokens, True), daemon=True) for _ in range(n)
+        threading.Thread(target=_chat, args=(d, max_tokens, True, stop), daemon=True)
+        for _ in range(n)
     ]
     for t in threads:
         t.start()
@@ -108,7 +115,8 @@ def test_panels_at_desktop_and_phone_widths(daemon: Daemon, pages, tmp_path: Pat
         assert tail.locator("script").count() == 0
         assert page.evaluate("window.pwned") is None
 
-    threads = _busy(daemon, 4, 1500)
+    stop = threading.Event()
+    threads = _busy(daemon, 4, 1500, stop)
     page.locator("#active-rows tbody tr").first.wait_for(timeout=WAIT_MS)
     page.wait_for_function(
         "() => parseFloat(document.querySelector('[data-field=tps-now]').textContent) > 0",
@@ -138,6 +146,7 @@ def test_panels_at_desktop_and_phone_widths(daemon: Daemon, pages, tmp_path: Pat
     phone.evaluate("document.getElementById('active-rows').scrollIntoView()")
     _shot(phone, "dashboard-phone.png", tmp_path, full_page=False)
 
+    stop.set()
     for t in threads:
         t.join(timeout=180)
     assert not problems, f"console errors: {problems}"
