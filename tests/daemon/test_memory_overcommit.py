@@ -68,6 +68,12 @@ def chat(d: Daemon, model: str) -> httpx.Response:
     return httpx.post(f"{d.url}/v1/chat/completions", json=body, timeout=120)
 
 
+def busy(model: dict) -> bool:
+    """Whether a model of ``/stats`` ``fleet.models`` has requests or engine work."""
+    engine = model.get("engine") or {}
+    return bool(model["active"] or engine.get("rows") or engine.get("pending"))
+
+
 def states(d: Daemon) -> dict[str, str]:
     return {m["id"]: m["state"] for m in d.stats()["fleet"]["models"]}
 
@@ -94,6 +100,9 @@ def test_a_lowered_budget_unloads_idle_models_and_chat_keeps_working(tmp_path, p
         assert chat(d, "a").status_code == 200
         assert chat(d, "b").status_code == 200  # both loaded; b used last
         assert states(d) == {"a": "loaded", "b": "loaded"}
+        # Both idle as the engines see it (a loaded machine publishes a finished
+        # request's end a moment after its answer): only idle models are evicted.
+        wait_for(lambda: not any(busy(m) for m in d.stats()["fleet"]["models"]))
 
         # Room for one model and its KV, not for both.
         answer = reload(d, config(paths, max(need.values()) + 2 * MiB))
