@@ -142,7 +142,7 @@ def test_a_hung_rank_trips_the_step_watchdog(tmp_path, tiny_models):
         model = c.rank0.model_id()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             client = pool.submit(_stream, c.rank0.url, model, [5, 17, 42])
-            time.sleep(1.0)
+            c.rank0.wait_rows(1, tokens=2)  # the stream decodes across both ranks
             c.ranks[1].proc.send_signal(signal.SIGSTOP)
             stopped_at = time.monotonic()
             seen = client.result(timeout=30)

@@ -49,8 +49,12 @@ def daemon(daemons, tiny_models):
     return daemons.get(config(tiny_models), name="fleet-demo")
 
 
-async def timed_stream(client, model: str, prompt: str, max_tokens: int) -> list[float]:
-    """Arrival times of a stream's content chunks; the last item is its completion tokens."""
+async def timed_stream(
+    client, model: str, prompt: str, max_tokens: int, started: asyncio.Event | None = None
+) -> list[float]:
+    """Arrival times of a stream's content chunks; the last item is its completion tokens.
+
+    ``started`` is set when the first content chunk arrives."""
     times: list[float] = []
     usage = None
     stream = await client.chat.completions.create(
@@ -63,6 +67,8 @@ async def timed_stream(client, model: str, prompt: str, max_tokens: int) -> list
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content is not None:
             times.append(time.monotonic())
+            if started is not None:
+                started.set()
         if chunk.usage is not None:
             usage = chunk.usage.completion_tokens
     assert usage is not None, "the stream ended without its usage chunk"
@@ -142,8 +148,9 @@ def test_a_long_prefill_of_one_model_does_not_hold_another_models_stream(daemon)
 
     async def main():
         client = daemon.async_openai()
-        tiny = asyncio.create_task(timed_stream(client, "a", "story", 800))
-        await asyncio.sleep(0.5)  # the tiny stream is running
+        running = asyncio.Event()
+        tiny = asyncio.create_task(timed_stream(client, "a", "story", 800, running))
+        await asyncio.wait_for(running.wait(), 120)  # the tiny stream is running
         sent = time.monotonic()
         reply = await client.chat.completions.create(
             model=DEMO, messages=[{"role": "user", "content": long_prompt}], max_tokens=1

@@ -41,12 +41,16 @@ def _abandon(d: Daemon, model: str, out: list, *, stream: bool) -> None:
         "max_tokens": 4000,
         "stream": stream,
     }
+    started = time.monotonic()
     try:
         with httpx.Client(base_url=d.url, timeout=0.5) as client:
             if stream:
+                # Tokens keep coming, so the read timeout never fires: leave after 0.5 s.
                 with client.stream("POST", "/v1/chat/completions", json=body) as r:
                     for _ in r.iter_lines():
-                        pass
+                        if time.monotonic() - started > 0.5:
+                            out.append(stream)
+                            return
             else:
                 client.post("/v1/chat/completions", json=body)
     except httpx.TimeoutException:

@@ -23,6 +23,7 @@ import pytest
 from mlxd.config import format_bytes
 from mlxd.control import reload_lines, status_lines
 from tests.support import ROOT
+from tests.support.browser import frozen
 from tests.support.daemon import Daemon, toml_config
 
 MiB = 1024**2
@@ -37,6 +38,13 @@ def weights(path: Path) -> int:
 @pytest.fixture(scope="module")
 def paths(tiny_models) -> dict[str, Path]:
     return {"a": Path(tiny_models("llama")), "b": Path(tiny_models("llama_b"))}
+
+
+@pytest.fixture(scope="module")
+def pinned(daemons, paths) -> Daemon:
+    """Both models pinned, 256 MiB: shared by the pinned tests, each of which lowers the
+    budget and then puts it back (and puts it back first, should an earlier one have failed)."""
+    return daemons.get(config(paths, 256 * MiB, pin=True), name="overcommit-pinned")
 
 
 def config(paths: dict[str, Path], budget: int, *, pin: bool = False) -> str:
@@ -58,6 +66,12 @@ def config(paths: dict[str, Path], budget: int, *, pin: bool = False) -> str:
 def chat(d: Daemon, model: str) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     return httpx.post(f"{d.url}/v1/chat/completions", json=body, timeout=120)
+
+
+def busy(model: dict) -> bool:
+    """Whether a model of ``/stats`` ``fleet.models`` has requests or engine work."""
+    engine = model.get("engine") or {}
+    return bool(model["active"] or engine.get("rows") or engine.get("pending"))
 
 
 def states(d: Daemon) -> dict[str, str]:
@@ -86,6 +100,9 @@ def test_a_lowered_budget_unloads_idle_models_and_chat_keeps_working(tmp_path, p
         assert chat(d, "a").status_code == 200
         assert chat(d, "b").status_code == 200  # both loaded; b used last
         assert states(d) == {"a": "loaded", "b": "loaded"}
+        # Both idle as the engines see it (a loaded machine publishes a finished
+        # request's end a moment after its answer): only idle models are evicted.
+        wait_for(lambda: not any(busy(m) for m in d.stats()["fleet"]["models"]))
 
         # Room for one model and its KV, not for both.
         answer = reload(d, config(paths, max(need.values()) + 2 * MiB))
@@ -133,45 +150,44 @@ def test_a_request_short_of_kv_room_unloads_another_idle_model(tmp_path, paths):
         d.stop()
 
 
-def test_pinned_models_over_a_lowered_budget_warn_and_make_the_daemon_unready(tmp_path, paths):
+def test_pinned_models_over_a_lowered_budget_warn_and_make_the_daemon_unready(pinned, paths):
     need = {m: weights(p) + 8 * MiB for m, p in paths.items()}
-    d = Daemon(tmp_path, config(paths, 256 * MiB, pin=True)).start()
-    try:
-        assert chat(d, "a").status_code == 200
-        answer = reload(d, config(paths, sum(need.values()) - 64 * KiB, pin=True))
-        ready = httpx.get(f"{d.url}/ready")
-        assert ready.status_code == 503 and "over-committed" in ready.json()["reason"]
-        assert answer["outcome"] == "applied" and answer["evicted"] == []
-        (warning,) = answer["warnings"]
-        assert "[memory] budget" in warning and "over-committed" in warning
-        assert re.search(r"\ba [\d.]+ MiB \(pinned\)", warning), warning
-        assert "over-committed" in d.stats()["fleet"]["over_budget"]
-        lines, code = status_lines(d.url, d.stats())  # what `mlxd status` prints
-        assert code == 1 and any(line.startswith("  cannot serve: [memory]") for line in lines)
+    d = pinned
+    reload(d, config(paths, 256 * MiB, pin=True))
+    assert chat(d, "a").status_code == 200
+    answer = reload(d, config(paths, sum(need.values()) - 64 * KiB, pin=True))
+    ready = httpx.get(f"{d.url}/ready")
+    assert ready.status_code == 503 and "over-committed" in ready.json()["reason"]
+    assert answer["outcome"] == "applied" and answer["evicted"] == []
+    (warning,) = answer["warnings"]
+    assert "[memory] budget" in warning and "over-committed" in warning
+    assert re.search(r"\ba [\d.]+ MiB \(pinned\)", warning), warning
+    assert "over-committed" in d.stats()["fleet"]["over_budget"]
+    lines, code = status_lines(d.url, d.stats())  # what `mlxd status` prints
+    assert code == 1 and any(line.startswith("  cannot serve: [memory]") for line in lines)
 
-        refused = chat(d, "a")
-        assert refused.status_code == 400
-        error = refused.json()["error"]
-        assert error["code"] == "context_over_budget"
-        assert "[memory] budget" in error["message"] and "over-committed" in error["message"]
-        assert "kv_budget" not in error["message"] and "0 B" not in error["message"]
+    refused = chat(d, "a")
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "context_over_budget"
+    assert "[memory] budget" in error["message"] and "over-committed" in error["message"]
+    assert "kv_budget" not in error["message"] and "0 B" not in error["message"]
 
-        assert reload(d, config(paths, 256 * MiB, pin=True))["warnings"] == []
-        assert httpx.get(f"{d.url}/ready").status_code == 200
-        assert chat(d, "a").status_code == 200
-    finally:
-        d.stop()
+    assert reload(d, config(paths, 256 * MiB, pin=True))["warnings"] == []
+    assert httpx.get(f"{d.url}/ready").status_code == 200
+    assert chat(d, "a").status_code == 200
 
 
 @pytest.mark.browser
-def test_the_dashboard_says_loudly_that_the_daemon_cannot_serve(tmp_path, paths, pages):
+def test_the_dashboard_says_loudly_that_the_daemon_cannot_serve(pinned, paths, pages):
     need = {m: weights(p) + 8 * MiB for m, p in paths.items()}
-    d = Daemon(tmp_path, config(paths, 256 * MiB, pin=True)).start()
-    try:
-        reload(d, config(paths, sum(need.values()) - 64 * KiB, pin=True))
-        for width, height in ((1280, 800), (390, 844)):
-            page = pages(viewport={"width": width, "height": height})
-            page.goto(f"{d.url}/dashboard")
+    d = pinned
+    reload(d, config(paths, 256 * MiB, pin=True))
+    reload(d, config(paths, sum(need.values()) - 64 * KiB, pin=True))
+    for width, height in ((1280, 800), (390, 844)):
+        page = pages(viewport={"width": width, "height": height})
+        page.goto(f"{d.url}/dashboard")
+        with frozen(page):  # the status bar polls: read one version of it
             banner = page.locator('#status-bar [data-field="over-budget"]')
             assert banner.is_visible()
             text = banner.inner_text()
@@ -180,12 +196,10 @@ def test_the_dashboard_says_loudly_that_the_daemon_cannot_serve(tmp_path, paths,
             assert page.locator("#status-bar .badge.bad", has_text="cannot serve").is_visible()
             box = banner.bounding_box()
             assert box is not None and box["y"] < height  # above the fold, not under the panels
-            if os.environ.get("MLXD_SCREENSHOT") == "1":
-                shot = ROOT / "docs" / "img" / f"dashboard-over-budget-{width}.png"
-                page.screenshot(path=str(shot))
-        reload(d, config(paths, 256 * MiB, pin=True))
-        page = pages(viewport={"width": 1280, "height": 800})
-        page.goto(f"{d.url}/dashboard")
-        assert page.locator('[data-field="over-budget"]').count() == 0
-    finally:
-        d.stop()
+        if os.environ.get("MLXD_SCREENSHOT") == "1":
+            shot = ROOT / "docs" / "img" / f"dashboard-over-budget-{width}.png"
+            page.screenshot(path=str(shot))
+    reload(d, config(paths, 256 * MiB, pin=True))
+    page = pages(viewport={"width": 1280, "height": 800})
+    page.goto(f"{d.url}/dashboard")
+    assert page.locator('[data-field="over-budget"]').count() == 0

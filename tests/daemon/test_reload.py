@@ -100,7 +100,11 @@ def test_reload_under_load_halves_then_raises_limits(daemon, tiny_models):
     async def main(poller):
         client = daemon.async_openai()
         tasks = [asyncio.create_task(stream(client, model, i, 300)) for i in range(16)]
-        await asyncio.sleep(1.0)
+        # A full batch under the first limits (a loaded machine takes a while to fill it).
+        deadline = time.monotonic() + 60
+        while not any(s["active_rows"] == 4 for s in poller.samples):
+            assert time.monotonic() < deadline, poller.samples[-1:]
+            await asyncio.sleep(0.05)
         daemon.write_config(
             config(tiny_models("llama"), size=2, kv_budget=budget // 2, decode_allowance=300)
         )

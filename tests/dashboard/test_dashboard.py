@@ -28,6 +28,7 @@ import pytest
 from mlxd.api.http.access import COOKIE, cookie_value
 from mlxd.dashboard.regions import REGIONS
 from tests.support import ROOT
+from tests.support.browser import frozen
 from tests.support.daemon import Daemon, toml_config
 from tests.support.tinymodels import tiny_model_dir
 
@@ -296,9 +297,9 @@ def test_dashboard_breathes_under_load(daemon: Daemon, pages, tmp_path: Path) ->
     page.on("pageerror", lambda e: problems.append(str(e)))
     page.goto(f"{daemon.url}/dashboard")
     page.wait_for_function("() => window.htmx && htmx.version.startsWith('2.0')")
-    kv_live = page.locator("[data-field=kv-live]")
-    assert kv_live.inner_text() == "0 B"
-    assert page.locator("#active-rows .empty").is_visible()
+    with frozen(page):  # the regions poll: read one version of each
+        assert page.locator("[data-field=kv-live]").inner_text() == "0 B"
+        assert page.locator("#active-rows .empty").is_visible()
     finished = daemon.stats()["counters"]["finished"]
 
     errors: list[str] = []
@@ -312,7 +313,8 @@ def test_dashboard_breathes_under_load(daemon: Daemon, pages, tmp_path: Path) ->
         "() => document.querySelector('[data-field=kv-live]').textContent.trim() !== '0 B'",
         timeout=_ms(10),
     )
-    width = page.locator("#kv-gauge .bar.live").evaluate("e => parseFloat(e.style.width)")
+    with frozen(page):  # locator.evaluate finds the bar, then reads it: hold it still
+        width = page.locator("#kv-gauge .bar.live").evaluate("e => parseFloat(e.style.width)")
     assert width > 0, "the KV gauge bar did not move"
 
     assert _batch_row_running(daemon), "the batch finished before the seeded request was sent"

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.support import ROOT
+from tests.support.browser import frozen
 from tests.support.daemon import Daemon, toml_config
 
 WAIT_MS = 30_000
@@ -76,29 +77,33 @@ def test_every_model_at_work_is_shown_and_labelled(daemon: Daemon, pages) -> Non
         for width, height in ((1280, 900), (390, 844)):
             page = pages(viewport={"width": width, "height": height})
             page.goto(f"{daemon.url}/dashboard")
-            throughput = page.locator("#throughput")
-            # Every chat model, each labelled, with the totals of all of them.
-            for model in ("a", "b"):
-                row = throughput.locator(f'[data-field="per-model"] tr[data-model="{model}"]')
-                assert int(row.locator('[data-field="running"]').inner_text()) >= 1
-            assert "every model:" in throughput.locator('[data-field="all-models"]').inner_text()
-            assert "model a (default)" in throughput.locator("h2").inner_text()
-            assert page.locator('#kv-gauge [data-field="kv-scope"]').inner_text() == (
-                "model a (default)"
-            )
-            # The MLX bar sits in the MLX active entry, not under the KV line.
-            active = page.locator("#memory dl div", has_text="MLX active")
-            assert active.locator('[data-field="mlx-active-bar"]').count() == 1
-            models = page.locator("#models")
-            assert "in use now" in models.locator('tr[data-model="a"]').inner_text()
-            embedding = models.locator('tr[data-model="emb"] td[data-label="memory"]').inner_text()
-            assert "no KV or prompt cache" in embedding and "0 B of 0 B" not in embedding
-            assert "prompt-cache reserve" in models.locator(".legend").inner_text()
-            # The headline comes before the models panel (on a phone: above the fold).
-            head, panel = throughput.bounding_box(), models.bounding_box()
-            assert head is not None and panel is not None and head["y"] < panel["y"]
-            if width == 390:
-                assert head["y"] < height
+            with frozen(page):  # the regions poll: read one version of each
+                throughput = page.locator("#throughput")
+                # Every chat model, each labelled, with the totals of all of them.
+                per_model = throughput.locator('[data-field="per-model"]')
+                for model in ("a", "b"):
+                    row = per_model.locator(f'tr[data-model="{model}"]')
+                    assert int(row.locator('[data-field="running"]').inner_text()) >= 1
+                every = throughput.locator('[data-field="all-models"]').inner_text()
+                assert "every model:" in every
+                assert "model a (default)" in throughput.locator("h2").inner_text()
+                assert page.locator('#kv-gauge [data-field="kv-scope"]').inner_text() == (
+                    "model a (default)"
+                )
+                # The MLX bar sits in the MLX active entry, not under the KV line.
+                active = page.locator("#memory dl div", has_text="MLX active")
+                assert active.locator('[data-field="mlx-active-bar"]').count() == 1
+                models = page.locator("#models")
+                assert "in use now" in models.locator('tr[data-model="a"]').inner_text()
+                emb = models.locator('tr[data-model="emb"] td[data-label="memory"]')
+                embedding = emb.inner_text()
+                assert "no KV or prompt cache" in embedding and "0 B of 0 B" not in embedding
+                assert "prompt-cache reserve" in models.locator(".legend").inner_text()
+                # The headline comes before the models panel (on a phone: above the fold).
+                head, panel = throughput.bounding_box(), models.bounding_box()
+                assert head is not None and panel is not None and head["y"] < panel["y"]
+                if width == 390:
+                    assert head["y"] < height
             if os.environ.get("MLXD_SCREENSHOT") == "1":
                 shot = ROOT / "docs" / "img" / f"dashboard-several-models-{width}.png"
                 page.screenshot(path=str(shot), full_page=width == 1280)

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.support import ROOT
+from tests.support.browser import frozen
 from tests.support.daemon import Daemon, toml_config
 from tests.support.tinymodels import tiny_model_dir
 
@@ -37,7 +38,10 @@ def daemon(daemons, tiny_models):
     return daemons.get(_config(tiny_models("llama")), name="panels")
 
 
-def _chat(d: Daemon, max_tokens: int, stream: bool = False) -> None:
+def _chat(
+    d: Daemon, max_tokens: int, stream: bool = False, stop: threading.Event | None = None
+) -> None:
+    """One chat completion, read to its end (or until ``stop`` is set: the client leaves)."""
     body = {
         "model": d.model_id(),
         "messages": [{"role": "user", "content": "tell me a long story"}],
@@ -47,13 +51,17 @@ def _chat(d: Daemon, max_tokens: int, stream: bool = False) -> None:
     with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=180) as r:
         assert r.status_code == 200
         for _ in r.iter_lines():
-            pass
+            if stop is not None and stop.is_set():
+                break
 
 
-def _busy(d: Daemon, n: int, max_tokens: int) -> list[threading.Thread]:
-    """``n`` long streams in the background: rows to show, a queue (batch size 2)."""
+def _busy(d: Daemon, n: int, max_tokens: int, stop: threading.Event) -> list[threading.Thread]:
+    """``n`` long streams in the background: rows to show, a queue (batch size 2).
+
+    They end when ``stop`` is set (the clients disconnect), not after all their tokens."""
     threads = [
-        threading.Thread(target=_chat, args=(d, max_tokens, True), daemon=True) for _ in range(n)
+        threading.Thread(target=_chat, args=(d, max_tokens, True, stop), daemon=True)
+        for _ in range(n)
     ]
     for t in threads:
         t.start()
@@ -89,24 +97,26 @@ def test_panels_at_desktop_and_phone_widths(daemon: Daemon, pages, tmp_path: Pat
     page.goto(f"{daemon.url}/dashboard")
     page.wait_for_function("() => window.htmx && htmx.version.startsWith('2.0')")
 
-    # Memory: the process and MLX's allocator, the weights next to the KV budget.
-    for field in ("rss", "mlx-active", "mlx-cache", "weights"):
-        assert _text(page, f"#memory [data-field={field}]") not in ("", "—"), field
-    assert _text(page, "#memory [data-field=dtype]") == "float32"
-    # Latency over the last minutes, from the finished requests.
-    for field in ("ttft-p50", "ttft-p95", "e2e-p50", "e2e-p95", "itl-p50", "itl-p95"):
-        assert _text(page, f"#latency [data-field={field}]").endswith(" ms"), field
-    assert "3 requests finished in the last 5 min" in _text(page, "#latency h2")
-    # Sparklines: three server-rendered SVG lines.
-    assert page.locator("#history figure.spark svg polyline").count() == 3
-    assert page.locator("#history [data-spark=tps] polyline").get_attribute("points")
-    # The log tail shows the warning as text, never as markup.
-    tail = page.locator("#log-tail")
-    assert HOSTILE in tail.inner_text() and "rejected" in tail.inner_text()
-    assert tail.locator("script").count() == 0
-    assert page.evaluate("window.pwned") is None
+    with frozen(page):  # the regions poll: read one version of each
+        # Memory: the process and MLX's allocator, the weights next to the KV budget.
+        for field in ("rss", "mlx-active", "mlx-cache", "weights"):
+            assert _text(page, f"#memory [data-field={field}]") not in ("", "—"), field
+        assert _text(page, "#memory [data-field=dtype]") == "float32"
+        # Latency over the last minutes, from the finished requests.
+        for field in ("ttft-p50", "ttft-p95", "e2e-p50", "e2e-p95", "itl-p50", "itl-p95"):
+            assert _text(page, f"#latency [data-field={field}]").endswith(" ms"), field
+        assert "3 requests finished in the last 5 min" in _text(page, "#latency h2")
+        # Sparklines: three server-rendered SVG lines.
+        assert page.locator("#history figure.spark svg polyline").count() == 3
+        assert page.locator("#history [data-spark=tps] polyline").get_attribute("points")
+        # The log tail shows the warning as text, never as markup.
+        tail = page.locator("#log-tail")
+        assert HOSTILE in tail.inner_text() and "rejected" in tail.inner_text()
+        assert tail.locator("script").count() == 0
+        assert page.evaluate("window.pwned") is None
 
-    threads = _busy(daemon, 4, 1500)
+    stop = threading.Event()
+    threads = _busy(daemon, 4, 1500, stop)
     page.locator("#active-rows tbody tr").first.wait_for(timeout=WAIT_MS)
     page.wait_for_function(
         "() => parseFloat(document.querySelector('[data-field=tps-now]').textContent) > 0",
@@ -119,23 +129,24 @@ def test_panels_at_desktop_and_phone_widths(daemon: Daemon, pages, tmp_path: Pat
     phone.goto(f"{daemon.url}/dashboard")
     row = phone.locator("#active-rows tbody tr").first
     row.wait_for(timeout=WAIT_MS)
-    assert row.evaluate("e => getComputedStyle(e).display") == "grid"
-    assert phone.locator("#active-rows thead").evaluate("e => getComputedStyle(e).display") == (
-        "none"
-    )
-    label = row.locator("td").first.evaluate("e => getComputedStyle(e, '::before').content")
-    assert label == '"request"'
-    waiting = phone.locator("#pending-queue tbody tr").first
-    if waiting.count():
-        assert waiting.evaluate("e => getComputedStyle(e).display") == "grid"
-    overflow = phone.evaluate(
-        "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
-    )
-    assert overflow <= 0, f"the page scrolls sideways by {overflow}px on a phone"
+    with frozen(phone):  # the running and waiting tables poll: hold them still to read
+        assert row.evaluate("e => getComputedStyle(e).display") == "grid"
+        head = phone.locator("#active-rows thead")
+        assert head.evaluate("e => getComputedStyle(e).display") == "none"
+        label = row.locator("td").first.evaluate("e => getComputedStyle(e, '::before').content")
+        assert label == '"request"'
+        waiting = phone.locator("#pending-queue tbody tr").first
+        if waiting.count():
+            assert waiting.evaluate("e => getComputedStyle(e).display") == "grid"
+        overflow = phone.evaluate(
+            "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, f"the page scrolls sideways by {overflow}px on a phone"
     # The screen an operator scrolls to: the running and waiting requests as cards.
     phone.evaluate("document.getElementById('active-rows').scrollIntoView()")
     _shot(phone, "dashboard-phone.png", tmp_path, full_page=False)
 
+    stop.set()
     for t in threads:
         t.join(timeout=180)
     assert not problems, f"console errors: {problems}"

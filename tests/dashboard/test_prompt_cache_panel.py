@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.support import ROOT
+from tests.support.browser import frozen, wait_for_swap
 from tests.support.daemon import Daemon, toml_config
 from tests.support.tinymodels import tiny_model_dir
 
@@ -71,37 +72,40 @@ def test_prompt_cache_panel_explains_misses(daemon: Daemon, pages, tmp_path: Pat
     reader.on("pageerror", lambda e: problems.append(str(e)))
     reader.goto(f"{daemon.url}/dashboard")
     reader.wait_for_function("() => window.htmx && htmx.version.startsWith('2.0')")
-    panel = reader.locator("#prompt-cache")
-    # The numbers: most prompt tokens came from the cache in memory, none from disk.
-    ratio = float(panel.locator("[data-field=hit-ratio]").inner_text().rstrip("%"))
-    assert 30 < ratio < 100, ratio
-    assert panel.locator("[data-field=ram-tokens]").inner_text() != "0"
-    assert panel.locator("[data-field=disk-tokens]").inner_text() == "0"
-    assert panel.locator("[data-field=disk-state]").inner_text() in ("on", "off")
-    # Two misses (the first lookup and the partial hit), newest first, with where they parted.
-    rows = panel.locator("tbody tr")
-    assert rows.count() == 2
-    assert (
-        rows.first.locator("[data-field=diverged-at]").inner_text().startswith(f"{int(diverged):,}")
-    )
-    # No prompt text for a reader without the token: a note and a login link instead.
-    assert panel.locator("[data-field=snippet]").count() == 0
-    assert "for admins" in panel.inner_text()
+    with frozen(reader):  # the panel polls: read one version of it
+        panel = reader.locator("#prompt-cache")
+        # The numbers: most prompt tokens came from the cache in memory, none from disk.
+        ratio = float(panel.locator("[data-field=hit-ratio]").inner_text().rstrip("%"))
+        assert 30 < ratio < 100, ratio
+        assert panel.locator("[data-field=ram-tokens]").inner_text() != "0"
+        assert panel.locator("[data-field=disk-tokens]").inner_text() == "0"
+        assert panel.locator("[data-field=disk-state]").inner_text() in ("on", "off")
+        # Two misses (the first lookup and the partial hit), newest first, with where they parted.
+        rows = panel.locator("tbody tr")
+        assert rows.count() == 2
+        parted = rows.first.locator("[data-field=diverged-at]").inner_text()
+        assert parted.startswith(f"{int(diverged):,}")
+        # No prompt text for a reader without the token: a note and a login link instead.
+        assert panel.locator("[data-field=snippet]").count() == 0
+        assert "for admins" in panel.inner_text()
     assert marker not in reader.content()
 
     admin = pages(extra_http_headers=ADMIN, viewport={"width": 1280, "height": 900})
     admin.on("pageerror", lambda e: problems.append(str(e)))
     admin.goto(f"{daemon.url}/dashboard")
     admin.wait_for_function("() => window.htmx && htmx.version.startsWith('2.0')")
-    snippet = admin.locator("#prompt-cache tbody tr").first.locator("[data-field=snippet]")
-    # The text after the divergence point starts with the user's new words, shown as text.
-    after = snippet.locator(".after").inner_text()
-    assert after.startswith(HOSTILE[:20]), after
-    assert snippet.locator(".before").inner_text().endswith("user⏎"), "newlines are made visible"
-    assert admin.locator("#prompt-cache img").count() == 0
+    with frozen(admin):
+        snippet = admin.locator("#prompt-cache tbody tr").first.locator("[data-field=snippet]")
+        # The text after the divergence point starts with the user's new words, shown as text.
+        after = snippet.locator(".after").inner_text()
+        assert after.startswith(HOSTILE[:20]), after
+        before = snippet.locator(".before").inner_text()
+        assert before.endswith("user⏎"), "newlines are made visible"
+        assert admin.locator("#prompt-cache img").count() == 0
     # A poll replaces the region with the same content (the partial route renders it alone).
-    admin.wait_for_timeout(2500)
-    assert admin.locator("#prompt-cache [data-field=snippet]").count() == 2
+    wait_for_swap(admin, "#prompt-cache", timeout=WAIT_MS)
+    with frozen(admin):
+        assert admin.locator("#prompt-cache [data-field=snippet]").count() == 2
     assert admin.evaluate("window.pwned") is None
     admin.evaluate("document.getElementById('prompt-cache').scrollIntoView()")
     _shot(admin, "dashboard-prompt-cache.png", tmp_path)
@@ -113,7 +117,8 @@ def test_prompt_cache_panel_explains_misses(daemon: Daemon, pages, tmp_path: Pat
     phone.goto(f"{daemon.url}/dashboard")
     row = phone.locator("#prompt-cache tbody tr").first
     row.wait_for(timeout=WAIT_MS)
-    assert row.evaluate("e => getComputedStyle(e).display") == "grid"
+    with frozen(phone):  # locator.evaluate finds the row, then reads it: hold it still
+        assert row.evaluate("e => getComputedStyle(e).display") == "grid"
     overflow = phone.evaluate(
         "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
     )

@@ -256,10 +256,15 @@ def _greedy_answer(model, tokenizer, messages=FRANCE, max_tokens: int = 24) -> s
     return mlx_lm.generate(model, tokenizer, prompt, max_tokens=max_tokens).strip()
 
 
+@pytest.fixture(scope="session")
+def q4_answer(q4_model) -> str:
+    """The q4 model's greedy answer to FRANCE (generated once: seconds on a CPU)."""
+    return _greedy_answer(*q4_model)
+
+
 @pytest.mark.slow
-def test_q4_answers_paris(q4_model) -> None:
-    answer = _greedy_answer(*q4_model)
-    assert "Paris" in answer, answer
+def test_q4_answers_paris(q4_answer) -> None:
+    assert "Paris" in q4_answer, q4_answer
 
 
 @pytest.mark.slow
@@ -312,7 +317,7 @@ def test_chat_template_uses_special_tokens(q4_model) -> None:
 
 
 @pytest.mark.slow
-def test_float32_matches_q4(q4_model) -> None:
+def test_float32_matches_q4(q4_answer) -> None:
     import mlx_lm
 
     path = demo.prepare_demo_model("float32")
@@ -327,5 +332,5 @@ def test_float32_matches_q4(q4_model) -> None:
     model, tokenizer = mlx_lm.load(str(path))
     answer = _greedy_answer(model, tokenizer)
     # q4 dequantizes exactly into these weights: the greedy answers agree.
-    assert answer == _greedy_answer(*q4_model)
+    assert answer == q4_answer
     assert "Paris" in answer

@@ -11,15 +11,21 @@ Playwright's sync API keeps an event loop running on the main thread while it is
 started, so ``asyncio.run`` fails meanwhile: Chromium is closed after each run of
 consecutive browser tests (most live together in tests/dashboard, so it is
 launched a few times a session, not once per test).
+
+Helpers: ``with frozen(page):`` holds htmx's polled regions still while a test reads
+several things from them; ``wait_for_swap(page, selector)`` waits for a poll to
+replace a region.
 Without Chromium the tests skip, unless ``MLXD_REQUIRE_BROWSER=1`` (CI) makes that
 a failure.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -36,7 +42,16 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Chromium", "browser", "pages", "require_browser"]
+__all__ = [
+    "CHROMIUM",
+    "CHROMIUM_ARGS",
+    "Chromium",
+    "browser",
+    "frozen",
+    "pages",
+    "require_browser",
+    "wait_for_swap",
+]
 
 
 def require_browser() -> str:
@@ -157,3 +172,48 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     chromium = config.stash.get(_CHROMIUM, None)
     if chromium is not None and chromium.launches:
         terminalreporter.write_line(f"browser: Chromium launched {chromium.launches} time(s)")
+
+
+# The htmx regions that poll (``hx-trigger="every …"``) replace themselves
+# (``outerHTML``) while a test reads them: two reads (a count, then a style; or
+# Playwright's ``locator.evaluate``, which finds the element and evaluates on it in
+# two round trips) may see two versions, or an element already detached. While
+# frozen, a polled region neither sends its request nor swaps in an answer already
+# on its way; forms and buttons (``hx-post``) still work.
+_FREEZE = """() => {
+  if (!window.__mlxdFrozen) {
+    window.__mlxdFrozen = {on: false};
+    const polled = e => !!e && (e.getAttribute('hx-trigger') || '').trim().startsWith('every');
+    document.addEventListener('htmx:beforeRequest', ev => {
+      if (window.__mlxdFrozen.on && polled(ev.detail.elt)) ev.preventDefault();
+    });
+    document.addEventListener('htmx:beforeSwap', ev => {
+      if (window.__mlxdFrozen.on && polled(ev.detail.elt)) {
+        ev.detail.shouldSwap = false;
+        ev.preventDefault();
+      }
+    });
+  }
+  window.__mlxdFrozen.on = true;
+}"""
+_THAW = "() => { if (window.__mlxdFrozen) window.__mlxdFrozen.on = false; }"
+
+
+@contextmanager
+def frozen(page: Any) -> Iterator[Any]:
+    """Hold the page's polled regions still while the block reads them (then poll again)."""
+    page.evaluate(_FREEZE)
+    try:
+        yield page
+    finally:
+        if not page.is_closed():
+            page.evaluate(_THAW)
+
+
+def wait_for_swap(page: Any, selector: str, timeout: float = 20_000) -> None:
+    """Wait until the element at ``selector`` has been replaced by a poll (a new element)."""
+    query = f"document.querySelector({json.dumps(selector)})"
+    page.evaluate(f"() => {{ {query}.__mlxdOld = true; }}")
+    page.wait_for_function(
+        f"() => {{ const e = {query}; return !!e && !e.__mlxdOld; }}", timeout=timeout
+    )
