@@ -20,9 +20,9 @@ STORY = [{"role": "user", "content": "Write a long story about a dragon who love
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons):
+def daemon(apps):
     # The demo daemon the SDK modules share (gpt-5* and claude-* aliases, max_stored 3).
-    return daemons.get(DEMO_SDK)
+    return apps.get(DEMO_SDK)
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ FRANCE = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons):
+def daemon(apps):
     # The demo daemon the SDK modules share (gpt-5* and claude-* aliases, max_stored 3).
-    return daemons.get(DEMO_SDK)
+    return apps.get(DEMO_SDK)
 
 
 @pytest.fixture(scope="module")
