@@ -1,4 +1,5 @@
-"""Shared fixtures, from :mod:`tests.support`: tiny models, daemons, in-process apps, clusters, the browser."""
+"""Shared fixtures, from :mod:`tests.support`: tiny models, daemons, in-process apps,
+clusters, the browser."""
 
 import atexit
 import os

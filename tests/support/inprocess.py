@@ -59,7 +59,7 @@ class _LogFile(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record)
-        except Exception:  # noqa: BLE001 - a bad record must not break the app
+        except Exception:  # a bad record must not break the app
             self.handleError(record)
             return
         with self.lock or threading.Lock():
