@@ -20,9 +20,9 @@ STORY = [{"role": "user", "content": "Write a long story about a dragon who love
 
 
 @pytest.fixture(scope="module")
-def daemon(apps):
+def daemon(daemons):
     # The demo daemon the SDK modules share (gpt-5* and claude-* aliases, max_stored 3).
-    return apps.get(DEMO_SDK)
+    return daemons.get(DEMO_SDK)
 
 
 @pytest.fixture(scope="module")

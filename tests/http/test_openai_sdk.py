@@ -14,9 +14,9 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def daemon(apps):
+def daemon(daemons):
     # The demo daemon the SDK modules share (gpt-5* and claude-* aliases, max_stored 3).
-    return apps.get(DEMO_SDK)
+    return daemons.get(DEMO_SDK)
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def daemon(apps, tmp_path_factory: pytest.TempPathFactory):
+def daemon(daemons, tmp_path_factory: pytest.TempPathFactory):
     template = tmp_path_factory.mktemp("demo-tools") / "hermes.jinja"
     template.write_text(TEMPLATES["hermes"][0])
     config = toml_config(
@@ -55,7 +55,7 @@ def daemon(apps, tmp_path_factory: pytest.TempPathFactory):
         batch={"size": 4},
         sampling={"max_tokens": 96},
     )
-    return apps.get(config)
+    return daemons.get(config)
 
 
 @pytest.fixture(scope="module")

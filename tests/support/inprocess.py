@@ -15,7 +15,10 @@ module whose subject is protocol (translation, rendering, validation) asks the
         return apps.get({"model": {"path": str(tiny_models("llama"))}})
 
 What a process does (signals that stop it, exit codes, its port, stdout, its
-memory) stays with :mod:`tests.support.daemons`. An app's ``log()`` holds what
+memory) stays with :mod:`tests.support.daemons`, and so does the demo chat
+model: a daemon re-executes itself onto an optimized BLAS and picks the demo's
+dtype by it, which the pytest process does not (the demo model would run in
+another dtype, slower). An app's ``log()`` holds what
 mlxd logged in this process while the app ran, in the daemon's log format.
 """
 
@@ -268,18 +271,15 @@ class AppPool:
 class Apps:
     """One module's door to the pool (the ``apps`` fixture)."""
 
-    def __init__(self, pool: AppPool, holder: str, *, slow: bool):
+    def __init__(self, pool: AppPool, holder: str):
         self._pool = pool
         self._holder = holder
-        self._slow = slow
 
     def get(self, config: str | Mapping[str, Any], **options: Any) -> AppInProcess:
-        """The app for ``config``; a demo-model app needs the module marked ``slow``."""
+        """The app for ``config``; the demo chat model is served by daemons only."""
         text = config if isinstance(config, str) else toml_config(**config)
         if uses_demo_model(text):
-            if not self._slow:
-                pytest.fail(f"{self._holder} starts a demo-model app: mark the module slow")
-            options.setdefault("timeout", 900.0)
+            pytest.fail(f"{self._holder}: the demo chat model runs in a daemon (see inprocess)")
         return self._pool.get(self._holder, text, **options)
 
 
@@ -301,8 +301,7 @@ def app_pool(
 def apps(app_pool: AppPool, request: pytest.FixtureRequest) -> Iterator[Apps]:
     """The factory of shared in-process apps for this module: ``apps.get(config, **options)``."""
     holder = request.module.__name__
-    slow = request.node.get_closest_marker("slow") is not None
-    yield Apps(app_pool, holder, slow=slow)
+    yield Apps(app_pool, holder)
     app_pool.release(holder)
 
 
