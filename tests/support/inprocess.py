@@ -179,8 +179,10 @@ class AppInProcess(Daemon):
         self._server.handle_exit(sig, None)
 
     def terminate(self) -> None:
+        """Stop serving now: the app is discarded, so no open connection is waited for."""
         if self._server is not None:
             self._server.should_exit = True
+            self._server.force_exit = True
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """Stop uvicorn, then the engines (each on its own thread), then the log capture."""
