@@ -27,12 +27,9 @@ from mlxd.address import remove_record, url_for, write_record
 from mlxd.api.http.access import exposure_warning
 from mlxd.api.http.guard import RequestGuard
 from mlxd.api.http.protocol import make_protocol
-from mlxd.api.ops.metrics import install_metrics
-from mlxd.api.ops.recent import install_recent
 from mlxd.api.state import AppState
+from mlxd.assembly import build_state, faults_enabled, runtime_info
 from mlxd.config import Settings
-from mlxd.dashboard import logtail
-from mlxd.engine.chat.engine import Engine
 from mlxd.listen import ListenError, bind
 from mlxd.process import EXIT_REFUSED
 from mlxd.web import ERROR_ENVELOPES, make_app
@@ -40,26 +37,8 @@ from mlxd.web import ERROR_ENVELOPES, make_app
 if TYPE_CHECKING:
     from mlxd.engine.cluster.join import Membership
     from mlxd.engine.cluster.leader import Leader
-    from mlxd.engine.embeddings.engine import EmbeddingEngine
-    from mlxd.engine.memory import MemoryPool
 
 logger = logging.getLogger(__name__)
-
-
-def runtime_info() -> dict[str, Any]:
-    """What the process actually runs on (read after MLX is loaded)."""
-    from mlxd.engine.chat.loading import device_name
-    from mlxd.runtime.blas import mapped_blas
-
-    info = mapped_blas()
-    return {
-        "device": device_name(),
-        "blas": info.name,
-        "blas_path": info.path,
-        "blas_optimized": info.optimized,
-        "blas_threads": info.threads,
-        "pid": os.getpid(),
-    }
 
 
 class MlxdServer(uvicorn.Server):
@@ -234,7 +213,7 @@ def serve_follower(settings: Settings, member: Membership) -> int:
         runtime["blas"],
     )
     return run_follower(
-        settings, member, optimized_blas=bool(runtime["blas_optimized"]), faults=_faults()
+        settings, member, optimized_blas=bool(runtime["blas_optimized"]), faults=faults_enabled()
     )
 
 
@@ -275,63 +254,6 @@ def _prepare(config_path: Path | None) -> dict[str, Any]:
     return runtime
 
 
-def _faults() -> bool:
-    """Whether requests may inject faults (tests only)."""
-    return os.environ.get("MLXD_FAULT_INJECTION") == "1"
-
-
-class EngineFactory:
-    """How the fleet builds each model's engine, from what every engine shares."""
-
-    def __init__(
-        self,
-        runtime: dict[str, Any],
-        *,
-        faults: bool,
-        leader: Leader | None,
-    ):
-        self.runtime = runtime
-        self.optimized_blas = bool(runtime["blas_optimized"])
-        self.faults = faults
-        self.leader = leader
-        # Set once the app state exists, before any engine can lose a cluster.
-        self.state: AppState | None = None
-
-    def chat(self, settings: Settings, model_id: str, pool: MemoryPool, at_start: bool) -> Engine:
-        hooks = None
-        if self.leader is not None:
-            from mlxd.engine.cluster.hooks import LeaderHooks
-
-            hooks = LeaderHooks(self.leader, on_fatal=self.cluster_lost)
-        return Engine(
-            settings,
-            optimized_blas=self.optimized_blas,
-            fault_injection=self.faults,
-            runtime=self.runtime,
-            cluster=hooks,
-            pool=pool,
-            model_id=model_id,
-            load_at_start=at_start,
-        )
-
-    def embedding(self, settings: Settings, model_id: str) -> EmbeddingEngine:
-        from mlxd.engine.embeddings.engine import EmbeddingEngine
-
-        return EmbeddingEngine(settings, model_id, optimized_blas=self.optimized_blas)
-
-    def cluster_lost(self, message: str, code: int) -> None:
-        """Refuse new requests, let the error events flush, exit ``code``.
-
-        A supervisor (systemd, launchd) then restarts the group; no
-        collective can be trusted again in this process.
-        """
-        from mlxd.engine.cluster.watchdog import leave_soon
-
-        if self.state is not None:
-            self.state.shutting_down = True
-        leave_soon(message, code, grace_s=1.0)
-
-
 def _run_http(
     settings: Settings,
     sock: socket.socket,
@@ -342,41 +264,28 @@ def _run_http(
     leader: Leader | None = None,
 ) -> int:
     """Build the fleet, the app and uvicorn on the bound socket; serve until a signal."""
-    from mlxd.engine.chat.loading import device_memory_bytes
-    from mlxd.engine.fleet.fleet import Fleet
-
-    faults = _faults()
-    engines = EngineFactory(runtime, faults=faults, leader=leader)
-    fleet = Fleet(
+    state = build_state(
         settings,
-        device_bytes=device_memory_bytes(),
-        make_engine=engines.chat,
-        make_embedding=engines.embedding,
-    )
-    state = AppState(
-        fleet=fleet,
-        settings=settings,
+        runtime,
         config_path=config_path,
         overrides=overrides,
-        fault_injection=faults,
+        faults=faults_enabled(),
+        leader=leader,
     )
-    engines.state = state
-    install_metrics(state)
-    install_recent(state)
-    logtail.install()
     app = make_app(state)
-    fleet.start()
-    server = MlxdServer(_uvicorn_config(app, state), state)
+    state.fleet.start()
+    server = MlxdServer(uvicorn_config(app, state), state)
     warn_if_exposed(settings)
     _log_addresses(settings.server.host, settings.server.port)
     try:
         server.run(sockets=[sock])
     finally:
-        fleet.stop()
+        state.fleet.stop()
     return 0 if server.started or server.should_exit else 1
 
 
-def _uvicorn_config(app: Any, state: AppState) -> uvicorn.Config:
+def uvicorn_config(app: Any, state: AppState) -> uvicorn.Config:
+    """uvicorn for ``app``: the request guard around it, mlxd's protocol and timeouts."""
     server = state.settings.server
     return uvicorn.Config(
         RequestGuard(app, lambda: state.settings, ERROR_ENVELOPES),

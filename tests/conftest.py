@@ -1,4 +1,5 @@
-"""Shared fixtures, from :mod:`tests.support`: tiny models, daemons, clusters, the browser."""
+"""Shared fixtures, from :mod:`tests.support`: tiny models, daemons, in-process apps,
+clusters, the browser."""
 
 import atexit
 import os
@@ -14,6 +15,7 @@ atexit.register(shutil.rmtree, _STATE_DIR, ignore_errors=True)
 pytest_plugins = [
     "tests.support.fixtures",
     "tests.support.daemons",
+    "tests.support.inprocess",
     "tests.support.cluster",
     "tests.support.browser",
 ]

@@ -34,8 +34,8 @@ def llama(tiny_models) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, llama):
-    return daemons.get(base(llama), name="admission", env={"MLXD_FAULT_INJECTION": "1"})
+def daemon(apps, llama):
+    return apps.get(base(llama), name="admission", env={"MLXD_FAULT_INJECTION": "1"})
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ LONG = "The quick brown fox reads the whole file before it edits a line of it. "
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons) -> Daemon:
+def daemon(apps) -> Daemon:
     chatml = str(tiny_model_dir("llama"))
     hermes = str(tiny_model_dir("llama", template="hermes"))
     config = toml_config(
@@ -47,7 +47,7 @@ def daemon(daemons) -> Daemon:
         sampling={"max_tokens": 4},
     )
     # Its own: the test reads its log.
-    return daemons.get(config, name="agent-rules")
+    return apps.get(config, name="agent-rules")
 
 
 def _post(d: Daemon, path: str, body: dict[str, Any]) -> httpx.Response:

@@ -31,14 +31,14 @@ VOLATILE = {"id", "created", "created_at", "system_fingerprint", "cached_tokens"
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models, tiny_embedding_model):
+def daemon(apps, tiny_models, tiny_embedding_model):
     config = toml_config(
         models=chat_and_embedding_registry(tiny_models, tiny_embedding_model),
         server={"api_keys": [KEY, OTHER]},
         batch={"size": 4},
         batches={"max_file_bytes": "64KiB", "max_lines": 40, "upload_timeout": 2.0},
     )
-    return daemons.get(config)
+    return apps.get(config)
 
 
 @pytest.fixture(scope="module")

@@ -32,13 +32,13 @@ MARGIN = 4.0
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models):
+def daemon(apps, tiny_models):
     config = toml_config(
         model={"path": str(tiny_models("llama")), "name": "tiny"},
         batch={"size": WIDTH},
         sampling={"max_tokens": 4096},
     )
-    return daemons.get(config, name="batches-idle")
+    return apps.get(config, name="batches-idle")
 
 
 def ask(url: str, trial: int, tag: str) -> float:

@@ -22,7 +22,7 @@ LIMITED = "sk-batch-limited"
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models):
+def daemon(apps, tiny_models):
     config = toml_config(
         models={
             "chat": {"path": str(tiny_models("llama")), "default": True},
@@ -31,7 +31,7 @@ def daemon(daemons, tiny_models):
         keys={"limited": {"key": LIMITED, "models": ["chat"], "requests_per_minute": 1}},
         batch={"size": 4},
     )
-    return daemons.get(config, name="batch-keys")
+    return apps.get(config, name="batch-keys")
 
 
 def line(custom_id: str, model: str) -> dict[str, Any]:

@@ -16,13 +16,13 @@ BATCH = 3
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models):
+def daemon(apps, tiny_models):
     text = toml_config(
         model={"path": str(tiny_models("llama"))},
         batch={"size": BATCH},
         sampling={"temperature": 0.0},
     )
-    return daemons.get(text, env={"MLXD_FAULT_INJECTION": "1"})
+    return apps.get(text, env={"MLXD_FAULT_INJECTION": "1"})
 
 
 async def sse(client: httpx.AsyncClient, body: dict, *, stop_after: int | None = None) -> dict:
@@ -153,7 +153,7 @@ def test_a_row_whose_logits_processor_raises_fails_alone(daemon):
 
 
 @pytest.fixture(scope="module")
-def budgeted(daemons, tiny_models):
+def budgeted(apps, tiny_models):
     # tiny llama: 1 KiB per token per row. Each request below (a short chat prompt +
     # 100 tokens) projects 256 slots alone, and prompt + 100 + 255 in a shared batch:
     # two fit, three do not.
@@ -163,7 +163,7 @@ def budgeted(daemons, tiny_models):
         batch={"size": 8, "kv_budget": budget, "decode_allowance": 100},
         sampling={"temperature": 0.0},
     )
-    return daemons.get(text), budget
+    return apps.get(text), budget
 
 
 def test_real_kv_bytes_never_exceed_a_small_budget(budgeted):
@@ -242,7 +242,7 @@ SOAK_WORDS = [
 
 
 @pytest.fixture(scope="module")
-def soaked(daemons, tiny_models):
+def soaked(apps, tiny_models):
     # The soak (kv_budget = "64MiB" on the demo model: about 1,456 tokens of
     # KV), scaled to the tiny llama's 1 KiB per token.
     budget = 1456 * 1024
@@ -251,7 +251,7 @@ def soaked(daemons, tiny_models):
         batch={"size": 8, "kv_budget": budget},
         sampling={"temperature": 0.7},
     )
-    return daemons.get(config, name="kv-soak"), budget
+    return apps.get(config, name="kv-soak"), budget
 
 
 def test_real_kv_bytes_stay_within_the_budget_through_a_soak_with_cancels(soaked):

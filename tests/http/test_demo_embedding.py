@@ -21,7 +21,7 @@ pytest.importorskip("mlx_embeddings")
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models) -> Daemon:
+def daemon(apps, tiny_models) -> Daemon:
     config = toml_config(
         models={
             "chat": {"path": str(tiny_models("llama"))},
@@ -29,7 +29,7 @@ def daemon(daemons, tiny_models) -> Daemon:
             "minilm": {"kind": "embedding"},
         }
     )
-    return daemons.get(config, name="demo-embedding")
+    return apps.get(config, name="demo-embedding")
 
 
 def test_the_demo_embedding_model_serves_384_dimensions_that_mean_something(daemon) -> None:

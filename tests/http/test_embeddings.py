@@ -20,13 +20,13 @@ DIMS = 64  # tinyembed.EMBED_CONFIG["hidden_size"]
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models, tiny_embedding_model):
+def daemon(apps, tiny_models, tiny_embedding_model):
     config = toml_config(
         models=chat_and_embedding_registry(tiny_models, tiny_embedding_model),
         server={"api_keys": [KEY]},
         limits={"max_body_bytes": 8 * 1024 * 1024},
     )
-    return daemons.get(config)
+    return apps.get(config)
 
 
 @pytest.fixture(scope="module")

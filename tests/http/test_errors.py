@@ -9,18 +9,19 @@ import re
 import httpx
 import pytest
 
-from tests.support.daemon import Daemon, toml_config
+from tests.support.daemon import toml_config
+from tests.support.inprocess import AppInProcess
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models):
+def daemon(apps, tiny_models):
     config = toml_config(
         model={"path": str(tiny_models("llama")), "max_context": 64},
         batch={"size": 2},
         limits={"max_body_bytes": 2048, "max_tokens": 64},
         sampling={"temperature": 0.0},
     )
-    return daemons.get(config)
+    return apps.get(config)
 
 
 @pytest.fixture(scope="module")
@@ -216,11 +217,11 @@ def test_health_and_ready(http):
 
 
 @pytest.fixture(scope="module")
-def keyed(daemons, tiny_models):
+def keyed(apps, tiny_models):
     config = toml_config(
         model={"path": str(tiny_models("llama"))}, server={"api_keys": ["sk-one", "sk-two"]}
     )
-    return daemons.get(config)
+    return apps.get(config)
 
 
 def test_api_keys_guard_v1(keyed):
@@ -257,7 +258,7 @@ def test_full_queue_answers_429_with_retry_after(tmp_path, tiny_models):
     config = toml_config(
         model={"path": str(tiny_models("llama"))}, batch={"size": 1}, limits={"max_queued": 1}
     )
-    d = Daemon(tmp_path, config).start()
+    d = AppInProcess(tmp_path, config).start()
     try:
         model = d.model_id()
 

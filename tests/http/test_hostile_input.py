@@ -21,7 +21,7 @@ ALLOWED = "box.lan"
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models):
+def daemon(apps, tiny_models):
     config = toml_config(
         server={"allowed_hosts": [ALLOWED, "*.proxy.example"]},
         model={"path": str(tiny_models("llama"))},
@@ -30,7 +30,7 @@ def daemon(daemons, tiny_models):
         sampling={"temperature": 0.0},
     )
     # Its own: a test rewrites its config and reads its log.
-    return daemons.get(config, name="hardening")
+    return apps.get(config, name="hardening")
 
 
 @pytest.fixture(scope="module")

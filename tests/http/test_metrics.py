@@ -24,13 +24,13 @@ MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons):
+def daemon(apps):
     config = toml_config(
         model={"path": str(tiny_model_dir("llama")), "name": MODEL},
         batch={"size": 2, "kv_budget": "64MiB"},
     )
     # Its own: the histograms must have counted this module's traffic from the start.
-    return daemons.get(config, name="metrics")
+    return apps.get(config, name="metrics")
 
 
 def _chat(d: Daemon, content: str, max_tokens: int, **extra: Any) -> int:

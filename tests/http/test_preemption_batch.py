@@ -18,7 +18,7 @@ KEYS = {"me": {"key": "sk-me", "priority": "high"}, "bulk": {"key": "sk-bulk", "
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models):
+def daemon(apps, tiny_models):
     config = toml_config(
         model={"path": str(tiny_models("llama")), "name": "tiny", "max_context": 1024},
         batch={"size": 2},
@@ -26,7 +26,7 @@ def daemon(daemons, tiny_models):
         scheduling={"preempt": True},
         keys=KEYS,
     )
-    return daemons.get(config, name="preemption-batch")
+    return apps.get(config, name="preemption-batch")
 
 
 def stream(daemon: Daemon, key: str, prompt: str, max_tokens: int) -> dict[str, Any]:

@@ -45,8 +45,8 @@ def llama(tiny_models) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, llama):
-    return daemons.get(config(llama), name="priority")
+def daemon(apps, llama):
+    return apps.get(config(llama), name="priority")
 
 
 def complete(

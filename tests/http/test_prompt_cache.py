@@ -37,8 +37,8 @@ def config(path: str) -> dict:
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def daemon(request, daemons, tiny_models) -> Daemon:
-    return daemons.get(config(str(tiny_models(request.param))))
+def daemon(request, apps, tiny_models) -> Daemon:
+    return apps.get(config(str(tiny_models(request.param))))
 
 
 def chat(client, messages: list[dict]) -> tuple[str, int, int]:

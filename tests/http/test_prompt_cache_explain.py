@@ -28,7 +28,7 @@ SYSTEM = "You are a careful coding agent. Read the files before editing them. " 
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons) -> Daemon:
+def daemon(apps) -> Daemon:
     path = str(tiny_model_dir("llama", template="hermes"))  # tools, as agents send
     config = toml_config(
         server={"admin_token": ADMIN_TOKEN, "allow_anonymous_read": True},
@@ -40,7 +40,7 @@ def daemon(daemons) -> Daemon:
         sampling={"max_tokens": 8},
     )
     # Its own: the test reads its log, and the counts must start from zero.
-    return daemons.get(config, name="prompt-cache-explain", args=["--host", "0.0.0.0"])
+    return apps.get(config, name="prompt-cache-explain", args=["--host", "0.0.0.0"])
 
 
 def _header(response: Any) -> dict[str, Any]:

@@ -30,9 +30,9 @@ def config(**server: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons):
+def daemon(apps):
     # Its own: a test reloads it with other reasoning fields.
-    return daemons.get(config(), name="think")
+    return apps.get(config(), name="think")
 
 
 def chat(d: Daemon, **body: Any) -> httpx.Response:

@@ -24,9 +24,9 @@ def _config(model_dir, **server) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models):
+def daemon(apps, tiny_models):
     # Its own: the tests reconfigure it and count lines in its log.
-    return daemons.get(_config(tiny_models("llama")), name="request-log")
+    return apps.get(_config(tiny_models("llama")), name="request-log")
 
 
 def _reconfigure(d: Daemon, **server) -> None:

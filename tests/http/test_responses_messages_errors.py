@@ -18,14 +18,14 @@ MSG = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models):
+def daemon(apps, tiny_models):
     config = toml_config(
         server={"api_keys": [KEY]},
         model={"path": str(tiny_models("llama")), "name": "tiny"},
         batch={"size": 1},
         limits={"max_queued": 1, "max_body_bytes": 4096, "max_tokens": 256},
     )
-    return daemons.get(config, env={"MLXD_FAULT_INJECTION": "1"})
+    return apps.get(config, env={"MLXD_FAULT_INJECTION": "1"})
 
 
 def claude(d: Daemon, key: str = KEY) -> anthropic.Anthropic:

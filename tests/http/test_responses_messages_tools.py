@@ -57,8 +57,8 @@ ANSWER_SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def hermes(daemons) -> Daemon:
-    return daemons.get(tools_config("hermes"))
+def hermes(apps) -> Daemon:
+    return apps.get(tools_config("hermes"))
 
 
 @pytest.fixture(scope="module")
@@ -389,8 +389,8 @@ def test_messages_bad_tools_are_typed_errors(claude):
 
 
 @pytest.fixture(scope="module")
-def thinker(daemons) -> Daemon:
-    return daemons.get(tools_config("hermes_think"))
+def thinker(apps) -> Daemon:
+    return apps.get(tools_config("hermes_think"))
 
 
 def test_reasoning_is_returned_as_reasoning_items_and_thinking_blocks(thinker):

@@ -23,8 +23,8 @@ MODEL = "tiny-tools"
 
 
 @pytest.fixture(scope="module")
-def hermes(daemons) -> Daemon:
-    return daemons.get(tools_config("hermes"))
+def hermes(apps) -> Daemon:
+    return apps.get(tools_config("hermes"))
 
 
 def chain(n: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons):
+def daemon(apps):
     config = toml_config(
         server={"api_keys": [API_KEY], "admin_token": ADMIN_TOKEN, "allow_anonymous_read": True},
         model={"path": str(tiny_model_dir("llama")), "name": MODEL},
@@ -36,7 +36,7 @@ def daemon(daemons):
     )
     # Its own: the counters must add up from zero, and a test sends SIGHUP. Bound off
     # loopback (reached via 127.0.0.1), so a reader without the admin token is no admin.
-    return daemons.get(config, name="stats", args=["--host", "0.0.0.0"])
+    return apps.get(config, name="stats", args=["--host", "0.0.0.0"])
 
 
 # ---------------------------------------------------------------- helpers

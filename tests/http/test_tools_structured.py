@@ -25,8 +25,8 @@ MODEL = "tiny-tools"
 
 
 @pytest.fixture(scope="module")
-def hermes(daemons) -> Daemon:
-    return daemons.get(tools_config("hermes"))
+def hermes(apps) -> Daemon:
+    return apps.get(tools_config("hermes"))
 
 
 def chat(d: Daemon, content: str = "hello", **body: Any) -> httpx.Response:
@@ -302,8 +302,8 @@ def test_bad_tool_and_schema_requests_get_400s_and_the_daemon_serves_on(hermes: 
 # ---------------------------------------------------------------- a second format
 
 
-def test_mistral_format_forced_call(daemons):
-    d = daemons.get(tools_config("mistral"))
+def test_mistral_format_forced_call(apps):
+    d = apps.get(tools_config("mistral"))
     (entry,) = httpx.get(f"{d.url}/v1/models").json()["data"]
     assert entry["capabilities"]["tool_format"] == "mistral"
     r = chat(d, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=80)

@@ -32,7 +32,7 @@ TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def daemon(daemons, tiny_models):
+def daemon(apps, tiny_models):
     config = toml_config(
         batch={"size": 4},
         sampling={"max_tokens": TOKENS},
@@ -43,7 +43,7 @@ def daemon(daemons, tiny_models):
             "text": {"path": str(tiny_models("llama"))},
         },
     )
-    return daemons.get(config)
+    return apps.get(config)
 
 
 def encode(image: Image.Image, fmt: str = "PNG", **kw) -> bytes:
@@ -389,13 +389,13 @@ def test_the_dashboard_shows_an_image_row(daemon, pages, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def fetching(daemons):
+def fetching(apps):
     config = toml_config(
         server={"fetch_images": True},
         limits={"image_fetch_timeout": 5.0},
         model={"path": str(tiny_vlm_dir("llava")), "name": "vlm"},
     )
-    return daemons.get(config)
+    return apps.get(config)
 
 
 def test_with_fetch_images_on_a_private_address_is_still_refused(fetching):
