@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.support.daemon import Daemon, toml_config
+from tests.support.inprocess import AppInProcess
 
 FAMILIES = ["llama", "qwen3_5"]
 MAX_TOKENS = 8
@@ -126,7 +127,7 @@ def test_messages_turn_two_and_a_new_conversation_hit(daemon):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_turn_two_hits_after_a_restart_from_the_disk_tier(family, tmp_path, tiny_models):
-    daemon = Daemon(tmp_path, toml_config(**config(str(tiny_models(family)))))
+    daemon = AppInProcess(tmp_path, toml_config(**config(str(tiny_models(family)))))
     daemon.start()
     try:
         client = daemon.openai(max_retries=0)

@@ -27,6 +27,13 @@ def hermes(apps) -> Daemon:
     return apps.get(tools_config("hermes"))
 
 
+@pytest.fixture(scope="module")
+def hermes_process(daemons) -> Daemon:
+    """The same model in a daemon, for the test whose subject is its event loop:
+    in process, the test's own threads would share the server's GIL."""
+    return daemons.get(tools_config("hermes"))
+
+
 def chain(n: int) -> dict[str, Any]:
     defs: dict[str, Any] = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
     defs[f"d{n}"] = {"type": "string"}
@@ -193,7 +200,9 @@ def test_a_tool_whose_parameters_are_themselves_is_refused(hermes: Daemon):
     assert call["name"] == "f"
 
 
-def test_the_event_loop_answers_while_large_schemas_compile(hermes: Daemon):
+def test_the_event_loop_answers_while_large_schemas_compile(hermes_process: Daemon):
+    hermes = hermes_process
+
     # Schemas within the limits that take llguidance a while: 4,000 required
     # properties, a different one per request so none is cached. /health is
     # polled meanwhile; its slowest answer is compared with how long the
