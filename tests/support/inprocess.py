@@ -149,12 +149,14 @@ class AppInProcess(Daemon):
 
     def _capture_log(self, level: str) -> None:
         self._handler = _LogFile(self.log_path)
-        logging.getLogger().addHandler(self._handler)
-        mlxd = logging.getLogger("mlxd")
+        root = logging.getLogger()
+        root.addHandler(self._handler)
+        # The root logger's level, as the daemon sets it (and a reload changes it): a level
+        # set on the "mlxd" logger would hide a reload's "debug" from mlxd's own records.
         wanted = logging.getLevelName(level.upper())
-        if mlxd.getEffectiveLevel() > wanted:
-            self._level = mlxd.level
-            mlxd.setLevel(wanted)
+        if root.getEffectiveLevel() > wanted:
+            self._level = root.level
+            root.setLevel(wanted)
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -196,7 +198,7 @@ class AppInProcess(Daemon):
             self._handler.close()
             self._handler = None
         if self._level is not None:
-            logging.getLogger("mlxd").setLevel(self._level)
+            logging.getLogger().setLevel(self._level)
             self._level = None
         return 0 if self._thread is None or not self._thread.is_alive() else None
 

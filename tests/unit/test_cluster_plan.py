@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -81,6 +83,19 @@ def test_digests_agree_or_say_which_rank_diverged():
 def test_collective_errors_are_recognised():
     assert is_collective_error(RuntimeError("[ring] connection to a peer was lost"))
     assert not is_collective_error(ValueError("logits processor failed"))
+
+
+@pytest.fixture(autouse=True)
+def _cluster_environment() -> Iterator[None]:
+    """membership() exports MLX_RANK and MLX_HOSTFILE for mx.distributed.init: put them back,
+    or a later test's subprocess (mlx_lm.server in the benchmarks) joins this test's ring."""
+    saved = {name: os.environ.get(name) for name in ("MLX_RANK", "MLX_HOSTFILE")}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def test_membership_from_config_and_environment(tmp_path, monkeypatch):
