@@ -160,6 +160,10 @@ class Daemon:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def alive(self) -> bool:
+        """Whether the daemon's process runs (a test may have killed it)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def terminate(self) -> None:
         """Send SIGTERM once, without waiting (a second SIGTERM makes mlxd exit at once)."""
         if self.proc is not None and self.proc.poll() is None and not self._terminated:

@@ -105,9 +105,19 @@ class _Entry:
 class DaemonPool:
     """Every daemon of the session by key, with the modules holding each."""
 
-    def __init__(self, tmp_path_factory: pytest.TempPathFactory, keep_idle: int = KEEP_IDLE):
+    def __init__(
+        self,
+        tmp_path_factory: pytest.TempPathFactory,
+        keep_idle: int = KEEP_IDLE,
+        *,
+        kind: type[Daemon] = Daemon,
+        prefix: str = "mlxd",
+    ):
         self._tmp = tmp_path_factory
         self._keep_idle = keep_idle
+        # What the pool starts: a daemon process, or (tests/support/inprocess.py) an app in process.
+        self._kind = kind
+        self._prefix = prefix
         self._entries: dict[DaemonKey, _Entry] = {}
         self._clock = itertools.count(1)
         # Reported at the end of the session: how many daemons started, how often one was shared.
@@ -133,7 +143,7 @@ class DaemonPool:
         text = config if isinstance(config, str) else toml_config(**config)
         key = DaemonKey(text, tuple(sorted((env or {}).items())), tuple(args or ()), name)
         entry = self._entries.get(key)
-        if entry is not None and entry.daemon.proc is not None and entry.daemon.proc.poll() is None:
+        if entry is not None and entry.daemon.alive():
             if holder not in entry.holders:
                 self.reused += 1
             entry.holders.add(holder)
@@ -142,8 +152,8 @@ class DaemonPool:
         if entry is not None:  # it died (a test killed it): start a fresh one
             self._stop([entry.daemon])
             del self._entries[key]
-        workdir = self._tmp.mktemp(name or "mlxd")
-        daemon = Daemon(workdir, text, env=dict(env or {}), args=list(args or ()), port=port)
+        workdir = self._tmp.mktemp(name or self._prefix)
+        daemon = self._kind(workdir, text, env=dict(env or {}), args=list(args or ()), port=port)
         if prepare is not None:
             prepare(workdir)
         daemon.start(timeout)

@@ -24,13 +24,11 @@ mlxd logged in this process while the app ran, in the daemon's log format.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +37,9 @@ import pytest
 
 from mlxd.api.state import AppState
 from tests.support.daemon import Daemon, toml_config
-from tests.support.daemons import KEEP_IDLE, DaemonKey, uses_demo_model
+from tests.support.daemons import DaemonPool, uses_demo_model
 
-__all__ = ["AppInProcess", "AppPool", "Apps", "app_pool", "apps"]
+__all__ = ["AppInProcess", "Apps", "app_pool", "apps"]
 
 # The environment switches an app in process understands (the rest of the
 # environment is the process's own, shared by every app).
@@ -203,79 +201,10 @@ class AppInProcess(Daemon):
         return 0 if self._thread is None or not self._thread.is_alive() else None
 
 
-@dataclass
-class _Entry:
-    app: AppInProcess
-    holders: set[str] = field(default_factory=set)
-    last_used: int = 0
-
-
-class AppPool:
-    """Every app of the session by key (as :class:`~tests.support.daemons.DaemonPool`)."""
-
-    def __init__(self, tmp_path_factory: pytest.TempPathFactory, keep_idle: int = KEEP_IDLE):
-        self._tmp = tmp_path_factory
-        self._keep_idle = keep_idle
-        self._entries: dict[DaemonKey, _Entry] = {}
-        self._clock = itertools.count(1)
-        self.started = 0
-        self.reused = 0
-
-    def get(
-        self,
-        holder: str,
-        config: str | Mapping[str, Any],
-        *,
-        name: str | None = None,
-        env: Mapping[str, str] | None = None,
-        args: list[str] | None = None,
-        timeout: float = 300.0,
-    ) -> AppInProcess:
-        """The running app for ``config``; options as :meth:`DaemonPool.get`."""
-        text = config if isinstance(config, str) else toml_config(**config)
-        key = DaemonKey(text, tuple(sorted((env or {}).items())), tuple(args or ()), name)
-        entry = self._entries.get(key)
-        if entry is not None and entry.app.alive():
-            if holder not in entry.holders:
-                self.reused += 1
-            entry.holders.add(holder)
-            entry.last_used = next(self._clock)
-            return entry.app
-        if entry is not None:
-            entry.app.stop()
-            del self._entries[key]
-        workdir = self._tmp.mktemp(name or "app")
-        app = AppInProcess(workdir, text, env=dict(env or {}), args=list(args or ()))
-        app.start(timeout)
-        self.started += 1
-        self._entries[key] = _Entry(app, {holder}, next(self._clock))
-        return app
-
-    def release(self, holder: str) -> None:
-        """``holder`` (a module) ended: its named apps stop, the others may idle."""
-        for key, entry in list(self._entries.items()):
-            entry.holders.discard(holder)
-            if not entry.holders and key.name is not None:
-                del self._entries[key]
-                entry.app.stop()
-        idle = sorted(
-            ((k, e) for k, e in self._entries.items() if not e.holders),
-            key=lambda item: item[1].last_used,
-        )
-        for key, entry in idle[: max(0, len(idle) - self._keep_idle)]:
-            del self._entries[key]
-            entry.app.stop()
-
-    def close(self) -> None:
-        for entry in self._entries.values():
-            entry.app.stop()
-        self._entries.clear()
-
-
 class Apps:
     """One module's door to the pool (the ``apps`` fixture)."""
 
-    def __init__(self, pool: AppPool, holder: str):
+    def __init__(self, pool: DaemonPool, holder: str):
         self._pool = pool
         self._holder = holder
 
@@ -284,25 +213,27 @@ class Apps:
         text = config if isinstance(config, str) else toml_config(**config)
         if uses_demo_model(text):
             pytest.fail(f"{self._holder}: the demo chat model runs in a daemon (see inprocess)")
-        return self._pool.get(self._holder, text, **options)
+        app = self._pool.get(self._holder, text, **options)
+        assert isinstance(app, AppInProcess)
+        return app
 
 
-_POOL = pytest.StashKey[AppPool]()
+_POOL = pytest.StashKey[DaemonPool]()
 
 
 @pytest.fixture(scope="session")
 def app_pool(
     tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
-) -> Iterator[AppPool]:
+) -> Iterator[DaemonPool]:
     """Every in-process app the modules asked for; all stopped when the session ends."""
-    pool = AppPool(tmp_path_factory)
+    pool = DaemonPool(tmp_path_factory, kind=AppInProcess, prefix="app")
     pytestconfig.stash[_POOL] = pool
     yield pool
     pool.close()
 
 
 @pytest.fixture(scope="module")
-def apps(app_pool: AppPool, request: pytest.FixtureRequest) -> Iterator[Apps]:
+def apps(app_pool: DaemonPool, request: pytest.FixtureRequest) -> Iterator[Apps]:
     """The factory of shared in-process apps for this module: ``apps.get(config, **options)``."""
     holder = request.module.__name__
     yield Apps(app_pool, holder)
