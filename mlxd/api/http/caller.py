@@ -22,7 +22,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
 from mlxd.api.http.errors import OpenAIError
-from mlxd.api.http.keys import Who, identify, key_digest, keys_configured, presented_key, secrets
+from mlxd.api.http.keys import Who, identify, keys_configured
 from mlxd.api.http.requestlog import note_of
 
 # Where the caller lives in the ASGI scope (a key of mlxd's own).
@@ -113,16 +113,15 @@ def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         return
     if placed is not None and placed.who is not None:
         return  # set in process: a Batch API line runs as the key that created its batch
-    who = identify(connection.headers, settings)
-    if who is None:
+    found = identify(connection.headers, settings)
+    if found is None:
         raise OpenAIError(
             401,
             "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' "
             "(or 'x-api-key: <key>').",
             code="invalid_api_key",
         )
-    presented = presented_key(connection.headers, secrets(settings))
-    owner = key_digest(presented) if presented is not None else None
+    who, owner = found
     placed = placed or Caller()
     scope[CALLER_SCOPE_KEY] = replace(placed, who=who, owner=owner)
     note_of(connection.scope).key = who.name

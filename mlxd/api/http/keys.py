@@ -13,10 +13,8 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-
-from pydantic import SecretStr
 
 from mlxd.config import Settings
 
@@ -66,11 +64,6 @@ def identities(settings: Settings) -> list[tuple[str, Who]]:
     return out
 
 
-def secrets(settings: Settings) -> list[SecretStr]:
-    """Every configured key's secret: ``[server] api_keys`` and ``[keys.*]`` (set ones)."""
-    return [SecretStr(secret) for secret, _ in identities(settings)]
-
-
 def key_digest(secret: str) -> str:
     """The stable name of what a key owns on disk (Batch API files and batches).
 
@@ -102,28 +95,13 @@ def _given(headers: Mapping[str, str]) -> list[bytes]:
     return [g.encode() for g in given if g]
 
 
-def identify(headers: Mapping[str, str], settings: Settings) -> Who | None:
-    """The identity the request's key names, or None (compared in constant time)."""
+def identify(headers: Mapping[str, str], settings: Settings) -> tuple[Who, str] | None:
+    """The identity the request's key names and that key's :func:`key_digest` (what owns
+    what the request creates), or None (compared in constant time)."""
     given = _given(headers)
     found = None
     for secret, who in identities(settings):
         for candidate in given:
             if hmac.compare_digest(candidate, secret.encode()) and found is None:
-                found = who
+                found = who, key_digest(secret)
     return found
-
-
-def presented_key(headers: Mapping[str, str], keys: Sequence[SecretStr]) -> str | None:
-    """The one of ``keys`` that ``Authorization: Bearer <key>`` or ``x-api-key: <key>``
-    names, or None."""
-    for candidate in _given(headers):
-        for key in keys:
-            secret = key.get_secret_value()
-            if secret and hmac.compare_digest(candidate, secret.encode()):
-                return secret
-    return None
-
-
-def key_accepted(headers: Mapping[str, str], keys: Sequence[SecretStr]) -> bool:
-    """Whether ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` names one of ``keys``."""
-    return presented_key(headers, keys) is not None
