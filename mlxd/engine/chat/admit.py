@@ -161,8 +161,6 @@ def _check(
 
 def _claim(sched: Scheduler, lanes: Lanes, check: Admission, serial_bytes: int) -> bool:
     """Raise this model's claim on a shared memory pool to cover the admitted batch."""
-    if sched.budget.pool is None:
-        return True
     return sched.budget.claim_kv(max(check.projected_bytes, lanes.batch_bytes()) + serial_bytes)
 
 

@@ -48,12 +48,10 @@ class KvBudget:
             prompt_concurrency=settings.batch.prompt_concurrency,
         )
 
-    def claim(self, lanes: Lanes, settings: Settings, candidate: int | None = None) -> int:
+    def claim(self, lanes: Lanes, settings: Settings) -> int:
         """The KV bytes this engine holds or may grow to: its claim on a shared pool."""
-        serial = lanes.serial_bytes()
-        if candidate is not None:
-            return candidate + serial
-        return max(self.batch_projection(lanes, settings), lanes.batch_bytes()) + serial
+        batch = max(self.batch_projection(lanes, settings), lanes.batch_bytes())
+        return batch + lanes.serial_bytes()
 
     def admission_budget(self, serial_bytes: int) -> int:
         """The KV bytes the batch may use now: the budget, less what other models claim."""
