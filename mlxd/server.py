@@ -264,7 +264,7 @@ def _run_http(
     leader: Leader | None = None,
 ) -> int:
     """Build the fleet, the app and uvicorn on the bound socket; serve until a signal."""
-    state = build_state(
+    server = make_server(
         settings,
         runtime,
         config_path=config_path,
@@ -272,9 +272,7 @@ def _run_http(
         faults=faults_enabled(),
         leader=leader,
     )
-    app = make_app(state)
-    state.fleet.start()
-    server = MlxdServer(uvicorn_config(app, state), state)
+    state = server.state
     warn_if_exposed(settings)
     _log_addresses(settings.server.host, settings.server.port)
     try:
@@ -284,7 +282,33 @@ def _run_http(
     return 0 if server.started or server.should_exit else 1
 
 
-def uvicorn_config(app: Any, state: AppState) -> uvicorn.Config:
+def make_server(
+    settings: Settings,
+    runtime: dict[str, Any],
+    *,
+    config_path: Path | None,
+    overrides: dict[str, Any],
+    faults: bool,
+    leader: Leader | None = None,
+) -> MlxdServer:
+    """One machine's state and app under uvicorn, the fleet started: serve it with ``run``.
+
+    What the daemon serves, and what the tests serve in process (tests/support/inprocess.py).
+    """
+    state = build_state(
+        settings,
+        runtime,
+        config_path=config_path,
+        overrides=overrides,
+        faults=faults,
+        leader=leader,
+    )
+    app = make_app(state)
+    state.fleet.start()
+    return MlxdServer(_uvicorn_config(app, state), state)
+
+
+def _uvicorn_config(app: Any, state: AppState) -> uvicorn.Config:
     """uvicorn for ``app``: the request guard around it, mlxd's protocol and timeouts."""
     server = state.settings.server
     return uvicorn.Config(

@@ -108,25 +108,22 @@ class AppInProcess(Daemon):
     # ------------------------------------------------------------ life
 
     def start(self, timeout: float = 300.0, *, wait_ready: bool = True) -> AppInProcess:
-        from mlxd.assembly import build_state, runtime_info
+        from mlxd.assembly import runtime_info
         from mlxd.config import load_settings
         from mlxd.listen import bind
-        from mlxd.server import MlxdServer, uvicorn_config
-        from mlxd.web import make_app
+        from mlxd.server import make_server
 
         settings = load_settings(self.config_path, overrides=self.overrides)
         self._capture_log(settings.server.log_level)
         sock = bind(settings.server.host, self.port)
-        self.state = build_state(
+        self._server = make_server(
             settings,
             runtime_info(),
             config_path=self.config_path,
             overrides=self.overrides,
             faults=self.faults,
         )
-        app = make_app(self.state)
-        self.state.fleet.start()
-        self._server = MlxdServer(uvicorn_config(app, self.state), self.state)
+        self.state = self._server.state
         self._thread = threading.Thread(
             target=self._serve, args=(sock,), name=f"uvicorn {self.url}", daemon=True
         )
