@@ -235,12 +235,14 @@ class _Submission:
 
     def __init__(self, request: Request, lease: Lease, gen: GenerationRequest) -> None:
         self._request, self._lease, self._gen = request, lease, gen
-        self.handle = lease.engine.submit(gen)
-        self._watcher = asyncio.create_task(_watch_disconnect(request, self.handle))
+        self._submit()
 
     def again(self) -> None:
         """Submit the request once more (the engine refused the first for want of room)."""
         self._watcher.cancel()
+        self._submit()
+
+    def _submit(self) -> None:
         self.handle = self._lease.engine.submit(self._gen)
         self._watcher = asyncio.create_task(_watch_disconnect(self._request, self.handle))
 
