@@ -29,6 +29,24 @@ def daemon(apps, tiny_models):
     return apps.get(_config(tiny_models("llama")), name="request-log")
 
 
+@pytest.fixture(autouse=True)
+def _lines_settled(daemon: Daemon):
+    """Each test's requests have logged their lines before the next test counts them.
+
+    A request's line is written once its response is sent, so a test's last line can
+    land after its client has read the answer (in process, the server thread logs it
+    while the next test has already started counting).
+    """
+    yield
+    deadline = time.monotonic() + 5
+    seen, since = len(_posts(daemon)), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < 0.3:
+        time.sleep(0.05)
+        count = len(_posts(daemon))
+        if count != seen:
+            seen, since = count, time.monotonic()
+
+
 def _reconfigure(d: Daemon, **server) -> None:
     d.write_config(_config(tiny_model_dir("llama"), **server))
     assert d.reload().json()["outcome"] in ("applied", "unchanged")
