@@ -52,7 +52,7 @@ RED = png((200, 10, 10), stripe=30)
 BLUE = png((10, 10, 200), stripe=220)
 
 
-@pytest.fixture(scope="module", params=["llava", "gemma3"])
+@pytest.fixture(scope="module", params=["llava", "gemma3", "qwen2_vl"])
 def vlm(request):
     return tiny_vlm_dir(request.param)
 
@@ -200,10 +200,13 @@ def test_which_directories_load_as_vision_models(tmp_path, vlm):
     bare.mkdir()
     shutil.copy(vlm / "config.json", bare / "config.json")
     assert not wants_vision(auto, bare) and wants_vision(on, bare)
-    # Multimodal rotary positions: asked for, a clear refusal (detected: served as text).
+    # Multimodal rotary positions in a family mlxd has no positions for: asked for, a clear
+    # refusal (detected: served as text).
     mrope = tmp_path / "mrope"
     shutil.copytree(vlm, mrope)
     config = json.loads((mrope / "config.json").read_text())
+    if config["model_type"] == "qwen2_vl":  # a Qwen-VL family: served (tests/engine/test_mrope.py)
+        return
     config["text_config"]["rope_scaling"] = {"type": "mrope", "mrope_section": [2, 1, 1]}
     (mrope / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="mrope"):
@@ -354,9 +357,16 @@ def test_an_image_row_generates_what_mlx_vlm_generates(vlm):
     assert images is not None
     # mlx-vlm sees the processor's own ids: every image token as the image token id.
     real = mx.array([[images.placeholder if t >= VIRTUAL_BASE else t for t in ids]])
-    pixels = mx.array(images.inputs["pixel_values"])
+    inputs = {k: mx.array(v) for k, v in images.inputs.items()}
+    pixels = inputs.pop("pixel_values")  # the rest: Qwen-VL's image_grid_thw
     steps = generate_step(
-        real, loaded.model.vlm, pixels, mx.ones(real.shape), max_tokens=MAX_TOKENS, temperature=0.0
+        real,
+        loaded.model.vlm,
+        pixels,
+        mx.ones(real.shape),
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        **inputs,
     )
     expected = [int(token) for token, _ in steps]
     with running_engine(vlm, batch={"size": 4}, prompt_cache={"max_entries": 0}) as engine:

@@ -28,6 +28,10 @@ from tests.support import tinymodels as tm
 
 CONTENT_VERSION = "v1"
 IMAGE_SIZE = 28
+# Qwen-VL images are resized to multiples of 28 pixels within these bounds: 56x56 is 4
+# image tokens (a 2x2 grid after the 2x2 merge), 112x56 is 8.
+QWEN_MIN_PIXELS = 56 * 56
+QWEN_MAX_PIXELS = 112 * 112
 
 _MEAN = [0.5, 0.5, 0.5]
 _STD = [0.5, 0.5, 0.5]
@@ -48,6 +52,8 @@ def _template(image: str) -> str:
     )
 
 
+_QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
 _FAMILIES: dict[str, dict[str, Any]] = {
     "llava": {
         "added": ("<image>",),
@@ -58,6 +64,11 @@ _FAMILIES: dict[str, dict[str, Any]] = {
         "added": ("<start_of_image>", "<end_of_image>", "<image_soft_token>"),
         "marker": "<start_of_image>",
         "text": "gemma3_text",
+    },
+    "qwen2_vl": {
+        "added": _QWEN_TOKENS,
+        "marker": "<|vision_start|><|image_pad|><|vision_end|>",
+        "text": "llama",
     },
 }
 
@@ -91,6 +102,8 @@ def _config(family: str) -> dict[str, Any]:
             "vocab_size": vocab,
             "eos_token_id": eos,
         }
+    if family == "qwen2_vl":
+        return _qwen2_vl_config(text, ids, eos)
     text = {**text, "model_type": "gemma3_text", "mm_tokens_per_image": 4}
     text.pop("rope_theta", None)
     return {
@@ -116,7 +129,53 @@ def _config(family: str) -> dict[str, Any]:
     }
 
 
+def _qwen2_vl_config(text: dict[str, Any], ids: dict[str, int], eos: int) -> dict[str, Any]:
+    # Qwen2-VL keeps its text settings at the top level; 16-wide heads: 8 rotary
+    # frequencies split 2/3/3 over time, height and width.
+    return {
+        **{k: v for k, v in text.items() if k != "head_dim"},
+        "model_type": "qwen2_vl",
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "vision_config": {
+            "model_type": "qwen2_vl",
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": text["hidden_size"],
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "bos_token_id": None,
+        "eos_token_id": eos,
+    }
+
+
 def _processor_files(family: str) -> dict[str, dict[str, Any]]:
+    if family == "qwen2_vl":
+        return {
+            "preprocessor_config.json": {
+                "image_processor_type": "Qwen2VLImageProcessor",
+                "min_pixels": QWEN_MIN_PIXELS,
+                "max_pixels": QWEN_MAX_PIXELS,
+                "patch_size": 14,
+                "merge_size": 2,
+                "temporal_patch_size": 2,
+                "image_mean": _MEAN,
+                "image_std": _STD,
+                "do_rescale": True,
+                "do_normalize": True,
+                "do_convert_rgb": True,
+                "rescale_factor": 1 / 255,
+            },
+            "processor_config.json": {"processor_class": "Qwen2VLProcessor"},
+        }
     if family == "llava":
         return {
             "preprocessor_config.json": {

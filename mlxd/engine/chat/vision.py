@@ -141,8 +141,8 @@ class VisionLM:
         _, n = images.parts()[part]
         ids = mx.array([[images.placeholder] * n])
         inputs = images.inputs
-        if images.spans:  # one image: its own pixels
-            inputs = {"pixel_values": inputs["pixel_values"][part : part + 1]}
+        if images.spans and images.per_image is not None:  # one image: its own inputs
+            inputs = images.per_image[part]
         kwargs = {k: mx.array(v) for k, v in inputs.items()}
         pixels = kwargs.pop("pixel_values", None)
         if "mask" in inspect.signature(self.vlm.get_input_embeddings).parameters:

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from mlxd.engine.chat import mrope_layout
+from mlxd.engine.chat.mrope_layout import Place
 from mlxd.engine.checks import IntakeError
 from mlxd.engine.images import IMAGE_PART, ImageError, decode
 from mlxd.engine.messages import ChatPrompt
@@ -48,6 +50,11 @@ class ImageSet:
     features: Any = field(default=None, repr=False)
     # Tower seconds spent while prefilling, not yet counted to a row.
     seconds: float = 0.0
+    # Each image's own inputs, when the tower can take one image at a time (with spans).
+    per_image: list[dict[str, np.ndarray]] | None = field(default=None, repr=False)
+    # Multimodal rotary positions: each virtual id's place in its image's grid
+    # (mlxd.engine.chat.mrope_layout); None for plain positions.
+    places: dict[int, Place] | None = field(default=None, repr=False)
 
     def parts(self) -> list[tuple[int, int]]:
         """(first id index, ids) of each part the tower encodes in one call."""
@@ -169,7 +176,8 @@ def tokenize_images(
             "the model's processor wrote no image tokens for these images",
             param=prompt.images[0].where,
         )
-    digests = _digests(inputs, positions, len(pictures))
+    per_image = _per_image(inputs, len(pictures))
+    digests = _digests(per_image, inputs, positions)
     virtual = []
     for (digest, index), pos in zip(digests, positions, strict=True):
         vid = VIRTUAL_BASE + _id_hash(digest, index)
@@ -177,12 +185,35 @@ def tokenize_images(
         virtual.append(vid)
     key = hashlib.sha256(b"".join(d + i.to_bytes(4, "little") for d, i in digests)).hexdigest()
     runs = _runs(positions)
-    pixels = inputs.get("pixel_values")
-    alone = (
-        pixels is not None and len(inputs) == 1 and len(runs) == len(pictures) == pixels.shape[0]
-    )
+    alone = per_image is not None and len(runs) == len(pictures)
     spans = tuple(len(r) for r in runs) if alone else ()
-    return ids, ImageSet(key, tuple(virtual), parts.placeholder, inputs, len(pictures), spans)
+    images = ImageSet(key, tuple(virtual), parts.placeholder, inputs, len(pictures), spans)
+    images.per_image = per_image if alone else None
+    grids = mrope_layout.grids(inputs, _merge(parts.processor))
+    if grids is not None:
+        try:
+            images.places = mrope_layout.token_places(grids, runs, ids)
+        except ValueError as exc:
+            raise IntakeError(
+                f"the model's processor gave an image grid that does not match its tokens: {exc}",
+                param=prompt.images[0].where,
+            ) from exc
+    return ids, images
+
+
+def _merge(processor: Any) -> int:
+    """The spatial merge of a Qwen-VL image processor (tokens are merge x merge patches)."""
+    return int(getattr(getattr(processor, "image_processor", None), "merge_size", 1) or 1)
+
+
+def _per_image(inputs: dict[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]] | None:
+    """The processor's inputs, one dict per image, or None when they hold the images jointly."""
+    pixels = inputs.get("pixel_values")
+    if pixels is None:
+        return None
+    if len(inputs) == 1 and pixels.shape[0] == count:
+        return [{"pixel_values": pixels[i : i + 1]} for i in range(count)]
+    return mrope_layout.split_inputs(inputs)
 
 
 def _digest(*arrays: np.ndarray) -> bytes:
@@ -205,15 +236,19 @@ def _runs(positions: list[int]) -> list[list[int]]:
 
 
 def _digests(
-    inputs: dict[str, np.ndarray], positions: list[int], count: int
+    per_image: list[dict[str, np.ndarray]] | None,
+    inputs: dict[str, np.ndarray],
+    positions: list[int],
 ) -> list[tuple[bytes, int]]:
-    """For every image token: the hash of its image's pixels and its index in the image."""
-    pixels = inputs.get("pixel_values")
+    """For every image token: the hash of its image's inputs and its index in the image."""
     runs = _runs(positions)
-    if pixels is not None and len(runs) == count and pixels.shape[0] == count and len(inputs) == 1:
+    if per_image is not None and len(runs) == len(per_image):
         out = []
-        for image, run in enumerate(runs):
-            digest = _digest(pixels[image])
+        for own, run in zip(per_image, runs, strict=True):
+            arrays = [own[k] for k in sorted(own)]
+            if len(arrays) == 1:  # pixels alone: the image's own array, as mlxd always hashed it
+                arrays = [arrays[0][0]]
+            digest = _digest(*arrays)
             out.extend((digest, i) for i in range(len(run)))
         return out
     # Several runs per image, or more inputs than pixels: one hash for all the images.

@@ -14,6 +14,8 @@ from typing import Any
 from mlx_lm.utils import load_config, load_tokenizer
 
 from mlxd.config import ModelSettings
+from mlxd.engine.chat.mrope import MropeVisionLM
+from mlxd.engine.chat.mrope_layout import is_mrope
 from mlxd.engine.chat.vision import VisionLM
 from mlxd.engine.chat.vision_intake import Processor, processor_parts
 
@@ -66,10 +68,12 @@ def wants_vision(settings: ModelSettings, path: Path) -> bool:
 def vision_unsupported(path: Path) -> str | None:
     """Why mlxd's vision path cannot serve this model's images, or None.
 
-    Multimodal rotary positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V)
-    give image tokens 3-D positions that mlx-lm's generator does not apply.
+    Multimodal rotary positions give image tokens 3-D positions: mlxd keeps
+    them per row for the Qwen-VL families (:mod:`mlxd.engine.chat.mrope`);
+    another family with them (GLM-4V, ...) is refused.
     """
-    if "mrope" in json.dumps(_config(path)):
+    config = _config(path)
+    if "mrope" in json.dumps(config) and not is_mrope(config):
         return "its language model uses multimodal rotary positions (mrope), not supported yet"
     return None
 
@@ -89,7 +93,7 @@ def load_vision(path: Path, overrides: dict[str, Any]) -> tuple[Any, Any, dict, 
         raise VisionLoadError(f"{path} cannot take images in mlxd: {why}; set vision = false")
     try:
         vlm, processor = load_vlm(str(path))
-        model = VisionLM(vlm)
+        model = MropeVisionLM(vlm) if is_mrope(_config(path)) else VisionLM(vlm)
         model.make_cache()  # refuses a language model whose caches mlxd cannot batch
         parts = processor_parts(processor)
     except ValueError as exc:
