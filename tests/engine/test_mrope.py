@@ -1,7 +1,7 @@
 """Qwen-VL images in the engine: 3-D (mrope) positions per row, against mlx-vlm's own answers.
 
-The tiny qwen2_vl of :mod:`tests.support.tinyvlms` (a 2x2-merge vision tower over a
-4-layer language model with multimodal rotary positions), greedy and float32. Image rows
+The tiny qwen2_vl, qwen2_5_vl (windowed vision attention) and qwen3_5 (hybrid linear
+attention) of :mod:`tests.support.tinyvlms`, greedy and float32. Image rows
 of different sizes, a two-image row and a text row share one batch, and each gives what
 mlx-vlm's ``generate_step`` gives for it; the positions the position cache hands the
 language model are mlx-vlm's ``get_rope_index`` exactly, chunk by chunk and after a
@@ -25,7 +25,7 @@ from mlxd.engine.chat.vision_intake import VIRTUAL_BASE
 from mlxd.engine.messages import ChatPrompt, Delta, Finished, GenerationRequest, SamplingParams
 from tests.engine.test_vision import part, png
 from tests.support.engine import consume, run_all, running_engine, settled
-from tests.support.tinyvlms import tiny_vlm_dir
+from tests.support.tinyvlms import QWEN_FAMILIES, tiny_vlm_dir
 
 TOKENS = 8
 RED = png((200, 10, 10), (56, 56), stripe=30)
@@ -49,9 +49,9 @@ def text(rid: str, words: str) -> GenerationRequest:
     return GenerationRequest(rid, ChatPrompt(({"role": "user", "content": words},)), TOKENS)
 
 
-@pytest.fixture(scope="module")
-def qwen():
-    return tiny_vlm_dir("qwen2_vl")
+@pytest.fixture(scope="module", params=QWEN_FAMILIES)
+def qwen(request):
+    return tiny_vlm_dir(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,9 @@ def second_turn(first_answer: str, image: bytes, rid: str) -> GenerationRequest:
     return GenerationRequest(rid, prompt, TOKENS, sampling=SamplingParams(temperature=0.0))
 
 
-def test_a_cached_second_turn_answers_as_a_cold_one_also_after_a_restart(qwen, tmp_path):
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_5"])  # KV caches; a hybrid's checkpoints
+def test_a_cached_second_turn_answers_as_a_cold_one_also_after_a_restart(family, tmp_path):
+    qwen = tiny_vlm_dir(family)
     with running_engine(qwen, prompt_cache={"max_entries": 0}) as engine:
         (first,) = run_all(engine, [ask("one", BLUE)])
         (cold,) = run_all(engine, [second_turn(first.text, BLUE, "cold")])
@@ -153,7 +155,9 @@ def test_a_cached_second_turn_answers_as_a_cold_one_also_after_a_restart(qwen, t
         assert hit.tokens == cold.tokens, source
 
 
-def test_a_preempted_image_row_resumes_with_its_own_positions(qwen):
+def test_a_preempted_image_row_resumes_with_its_own_positions():
+    # Only rows whose caches can be cut back yield (docs/batching.md): not Qwen3.5's.
+    qwen = tiny_vlm_dir("qwen2_vl")
     low = replace(ask("low", BLUE, tokens=160), priority="low")
     high = replace(text("high", "hello"), priority="high")
 

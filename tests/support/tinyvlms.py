@@ -70,7 +70,18 @@ _FAMILIES: dict[str, dict[str, Any]] = {
         "marker": "<|vision_start|><|image_pad|><|vision_end|>",
         "text": "llama",
     },
+    "qwen2_5_vl": {
+        "added": _QWEN_TOKENS,
+        "marker": "<|vision_start|><|image_pad|><|vision_end|>",
+        "text": "llama",
+    },
+    "qwen3_5": {
+        "added": _QWEN_TOKENS,
+        "marker": "<|vision_start|><|image_pad|><|vision_end|>",
+        "text": "qwen3_5",
+    },
 }
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_5")
 
 FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 
@@ -102,8 +113,10 @@ def _config(family: str) -> dict[str, Any]:
             "vocab_size": vocab,
             "eos_token_id": eos,
         }
-    if family == "qwen2_vl":
-        return _qwen2_vl_config(text, ids, eos)
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        return _qwen2_vl_config(family, text, ids, eos)
+    if family == "qwen3_5":
+        return _qwen3_5_config(text, ids, eos)
     text = {**text, "model_type": "gemma3_text", "mm_tokens_per_image": 4}
     text.pop("rope_theta", None)
     return {
@@ -129,25 +142,8 @@ def _config(family: str) -> dict[str, Any]:
     }
 
 
-def _qwen2_vl_config(text: dict[str, Any], ids: dict[str, int], eos: int) -> dict[str, Any]:
-    # Qwen2-VL keeps its text settings at the top level; 16-wide heads: 8 rotary
-    # frequencies split 2/3/3 over time, height and width.
+def _qwen_ids(ids: dict[str, int], eos: int) -> dict[str, Any]:
     return {
-        **{k: v for k, v in text.items() if k != "head_dim"},
-        "model_type": "qwen2_vl",
-        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
-        "vision_config": {
-            "model_type": "qwen2_vl",
-            "depth": 2,
-            "embed_dim": 32,
-            "hidden_size": text["hidden_size"],
-            "num_heads": 2,
-            "mlp_ratio": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "in_channels": 3,
-        },
         "image_token_id": ids["<|image_pad|>"],
         "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
@@ -157,8 +153,66 @@ def _qwen2_vl_config(text: dict[str, Any], ids: dict[str, int], eos: int) -> dic
     }
 
 
-def _processor_files(family: str) -> dict[str, dict[str, Any]]:
+def _qwen2_vl_config(
+    family: str, text: dict[str, Any], ids: dict[str, int], eos: int
+) -> dict[str, Any]:
+    # Qwen2-VL and Qwen2.5-VL keep their text settings at the top level; 16-wide heads:
+    # 8 rotary frequencies split 2/3/3 over time, height and width.
+    vision: dict[str, Any] = {
+        "model_type": family,
+        "depth": 2,
+        "num_heads": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+    }
     if family == "qwen2_vl":
+        vision |= {"embed_dim": 32, "hidden_size": text["hidden_size"], "mlp_ratio": 2}
+    else:  # windowed attention: 2x2-token windows, the last block full
+        vision |= {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": text["hidden_size"],
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+        }
+    return {
+        **{k: v for k, v in text.items() if k != "head_dim"},
+        "model_type": family,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "vision_config": vision,
+        **_qwen_ids(ids, eos),
+    }
+
+
+def _qwen3_5_config(text: dict[str, Any], ids: dict[str, int], eos: int) -> dict[str, Any]:
+    # Natively multimodal, hybrid (linear + full attention); 8 rotary dims: 4 frequencies.
+    rope = {**text["rope_parameters"], "mrope_section": [2, 1, 1]}
+    return {
+        "model_type": "qwen3_5",
+        "text_config": {**text, "rope_parameters": rope, "eos_token_id": eos},
+        "vision_config": {
+            "model_type": "qwen3_5",
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": text["hidden_size"],
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [],
+        },
+        "vocab_size": text["vocab_size"],
+        **_qwen_ids(ids, eos),
+    }
+
+
+def _processor_files(family: str) -> dict[str, dict[str, Any]]:
+    if family in QWEN_FAMILIES:
+        processor = {"qwen3_5": "Qwen3VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
         return {
             "preprocessor_config.json": {
                 "image_processor_type": "Qwen2VLImageProcessor",
@@ -174,7 +228,7 @@ def _processor_files(family: str) -> dict[str, dict[str, Any]]:
                 "do_convert_rgb": True,
                 "rescale_factor": 1 / 255,
             },
-            "processor_config.json": {"processor_class": "Qwen2VLProcessor"},
+            "processor_config.json": {"processor_class": processor.get(family, "Qwen2VLProcessor")},
         }
     if family == "llava":
         return {

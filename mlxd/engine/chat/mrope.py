@@ -26,12 +26,19 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from mlxd.engine.chat import mrope_hybrid
 from mlxd.engine.chat.vision import VisionLM
 from mlxd.engine.chat.vision_intake import VIRTUAL_BASE
 
 
 class MropeVisionLM(VisionLM):
     """:class:`VisionLM` for a language model with multimodal rotary positions."""
+
+    recurrent = True  # Qwen3.5's linear-attention layers, over mlx-lm's ArraysCache
+
+    def __init__(self, vlm: Any):
+        super().__init__(vlm)
+        self._hybrid = mrope_hybrid.is_hybrid(self.language_model)
 
     def make_cache(self) -> list[Any]:
         from mlx_lm.models.cache import KVCache
@@ -41,13 +48,15 @@ class MropeVisionLM(VisionLM):
     def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
         if cache is None:  # no cache, no history: positions from 0
             cache = self.make_cache()
-        *caches, positions = cache
+        *plain, positions = cache
         embeds = self._embeddings(inputs) if self._by_id else None
         position_ids = self._positions(inputs, positions)
         if embeds is not None:
             inputs = mx.where(inputs >= VIRTUAL_BASE, 0, inputs)
+        if self._hybrid:
+            return mrope_hybrid.forward(self.language_model, inputs, embeds, plain, position_ids)
         out = self.language_model(
-            inputs, inputs_embeds=embeds, cache=caches, position_ids=position_ids
+            inputs, inputs_embeds=embeds, cache=plain, position_ids=position_ids
         )
         return out.logits
 

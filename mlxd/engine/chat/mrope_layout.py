@@ -137,8 +137,9 @@ def image_tokens(processor: Any, width: int, height: int) -> int | None:
     image = getattr(processor, "image_processor", None)
     names = ("patch_size", "merge_size", "min_pixels", "max_pixels")
     values = [getattr(image, n, None) for n in names]
-    if not all(isinstance(v, int) for v in values):
+    numbers = [v for v in values if isinstance(v, int)]
+    if len(numbers) != len(names):
         return None
-    patch, merge, low, high = values
+    patch, merge, low, high = numbers
     h, w = smart_resize(height, width, factor=patch * merge, min_pixels=low, max_pixels=high)
     return (h // patch // merge) * (w // patch // merge)

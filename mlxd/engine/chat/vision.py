@@ -34,8 +34,12 @@ from mlxd.engine.chat.vision_intake import VIRTUAL_BASE, ImageSet
 logger = logging.getLogger(__name__)
 
 
-def _mlx_lm_cache(cache: Any) -> Any:
-    """mlx-vlm's cache object as the mlx-lm cache with the same behaviour (batchable)."""
+def _mlx_lm_cache(cache: Any, recurrent: bool = False) -> Any:
+    """mlx-vlm's cache object as the mlx-lm cache with the same behaviour (batchable).
+
+    ``recurrent``: the model drives mlx-vlm's recurrent layers over mlx-lm's
+    ``ArraysCache`` (:mod:`mlxd.engine.chat.mrope`).
+    """
     from mlx_lm.models import cache as lm_cache
 
     name = type(cache).__name__
@@ -43,9 +47,11 @@ def _mlx_lm_cache(cache: Any) -> Any:
         return lm_cache.KVCache()
     if name == "RotatingKVCache":
         return lm_cache.RotatingKVCache(max_size=cache.max_size, keep=getattr(cache, "keep", 0))
+    if name == "ArraysCache" and recurrent:
+        return lm_cache.ArraysCache(len(cache.cache))
     raise ValueError(
-        f"mlxd's vision path serves attention caches only (KVCache, RotatingKVCache); "
-        f"this model's language model uses {name}"
+        f"mlxd's vision path serves attention caches (KVCache, RotatingKVCache), and "
+        f"recurrent ones for Qwen3.5; this model's language model uses {name}"
     )
 
 
@@ -55,6 +61,9 @@ class VisionLM:
     ``model(ids, cache=...)`` returns logits; virtual ids in ``ids`` are
     replaced by the registered images' embeddings.
     """
+
+    # Whether mlx-vlm's recurrent layers may run over mlx-lm's ArraysCache (mrope.py).
+    recurrent = False
 
     def __init__(self, vlm: Any):
         self.vlm = vlm
@@ -77,7 +86,7 @@ class VisionLM:
             from mlx_lm.models.cache import KVCache
 
             return [KVCache() for _ in self.layers]
-        return [_mlx_lm_cache(c) for c in make()]
+        return [_mlx_lm_cache(c, self.recurrent) for c in make()]
 
     @property
     def holding(self) -> int:
