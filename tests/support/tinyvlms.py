@@ -75,13 +75,18 @@ _FAMILIES: dict[str, dict[str, Any]] = {
         "marker": "<|vision_start|><|image_pad|><|vision_end|>",
         "text": "llama",
     },
+    "qwen3_vl": {
+        "added": _QWEN_TOKENS,
+        "marker": "<|vision_start|><|image_pad|><|vision_end|>",
+        "text": "llama",
+    },
     "qwen3_5": {
         "added": _QWEN_TOKENS,
         "marker": "<|vision_start|><|image_pad|><|vision_end|>",
         "text": "qwen3_5",
     },
 }
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_5")
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 
 FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 
@@ -115,8 +120,8 @@ def _config(family: str) -> dict[str, Any]:
         }
     if family in ("qwen2_vl", "qwen2_5_vl"):
         return _qwen2_vl_config(family, text, ids, eos)
-    if family == "qwen3_5":
-        return _qwen3_5_config(text, ids, eos)
+    if family in ("qwen3_vl", "qwen3_5"):
+        return _qwen3_config(family, text, ids, eos)
     text = {**text, "model_type": "gemma3_text", "mm_tokens_per_image": 4}
     text.pop("rope_theta", None)
     return {
@@ -186,25 +191,34 @@ def _qwen2_vl_config(
     }
 
 
-def _qwen3_5_config(text: dict[str, Any], ids: dict[str, int], eos: int) -> dict[str, Any]:
-    # Natively multimodal, hybrid (linear + full attention); 8 rotary dims: 4 frequencies.
-    rope = {**text["rope_parameters"], "mrope_section": [2, 1, 1]}
+def _qwen3_config(
+    family: str, text: dict[str, Any], ids: dict[str, int], eos: int
+) -> dict[str, Any]:
+    # Qwen3-VL: a llama-like language model whose first two layers take the vision tower's
+    # intermediate features (deepstack). Qwen3.5: natively multimodal, hybrid (linear and
+    # full attention), 8 rotary dims (4 frequencies).
+    vision = {
+        "model_type": family,
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": text["hidden_size"],
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 16,
+        "deepstack_visual_indexes": [0, 1] if family == "qwen3_vl" else [],
+    }
+    if family == "qwen3_vl":
+        mrope = {"type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+        text = {**text, "model_type": "qwen3_vl", "rope_scaling": mrope}
+    else:
+        text = {**text, "rope_parameters": {**text["rope_parameters"], "mrope_section": [2, 1, 1]}}
     return {
-        "model_type": "qwen3_5",
-        "text_config": {**text, "rope_parameters": rope, "eos_token_id": eos},
-        "vision_config": {
-            "model_type": "qwen3_5",
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": text["hidden_size"],
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "num_position_embeddings": 16,
-            "deepstack_visual_indexes": [],
-        },
+        "model_type": family,
+        "text_config": {**text, "eos_token_id": eos},
+        "vision_config": vision,
         "vocab_size": text["vocab_size"],
         **_qwen_ids(ids, eos),
     }
@@ -212,7 +226,11 @@ def _qwen3_5_config(text: dict[str, Any], ids: dict[str, int], eos: int) -> dict
 
 def _processor_files(family: str) -> dict[str, dict[str, Any]]:
     if family in QWEN_FAMILIES:
-        processor = {"qwen3_5": "Qwen3VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
+        processor = {
+            "qwen3_5": "Qwen3VLProcessor",
+            "qwen3_vl": "Qwen3VLProcessor",
+            "qwen2_5_vl": "Qwen2_5_VLProcessor",
+        }
         return {
             "preprocessor_config.json": {
                 "image_processor_type": "Qwen2VLImageProcessor",

@@ -51,14 +51,35 @@ class MropeVisionLM(VisionLM):
         *plain, positions = cache
         embeds = self._embeddings(inputs) if self._by_id else None
         position_ids = self._positions(inputs, positions)
+        deep = {}
         if embeds is not None:
+            deep = self._deepstack(inputs)
             inputs = mx.where(inputs >= VIRTUAL_BASE, 0, inputs)
         if self._hybrid:
             return mrope_hybrid.forward(self.language_model, inputs, embeds, plain, position_ids)
         out = self.language_model(
-            inputs, inputs_embeds=embeds, cache=plain, position_ids=position_ids
+            inputs, inputs_embeds=embeds, cache=plain, position_ids=position_ids, **deep
         )
         return out.logits
+
+    def _deepstack(self, inputs: mx.array) -> dict[str, Any]:
+        """Qwen3-VL's deepstack inputs for a chunk holding image tokens ({} for others).
+
+        The image tokens' features for the first layers, in the order of
+        their positions (row by row), and where they are.
+        """
+        ids = np.asarray(inputs)
+        where = ids >= VIRTUAL_BASE
+        rows = []
+        for token in ids[where].tolist():
+            images, part, offset = self._by_id[token]
+            if images.deepstack is None:
+                return {}
+            rows.append(images.deepstack[part][:, offset])
+        return {
+            "visual_pos_masks": mx.array(where),
+            "deepstack_visual_embeds": list(mx.stack(rows, axis=1)),
+        }
 
     def _positions(self, inputs: mx.array, cache: Any) -> mx.array:
         """The chunk's position ids (3, B, L); the chunk's positions written to ``cache``."""

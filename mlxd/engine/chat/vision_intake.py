@@ -55,6 +55,9 @@ class ImageSet:
     # Multimodal rotary positions: each virtual id's place in its image's grid
     # (mlxd.engine.chat.mrope_layout); None for plain positions.
     places: dict[int, Place] | None = field(default=None, repr=False)
+    # Qwen3-VL's deepstack: per part, the tower's features for the first layers
+    # (layers, ids, hidden), set with ``features``.
+    deepstack: Any = field(default=None, repr=False)
 
     def parts(self) -> list[tuple[int, int]]:
         """(first id index, ids) of each part the tower encodes in one call."""
