@@ -45,6 +45,18 @@ def ask(rid: str, *images: bytes, text: str = QUESTION, turns=(), tokens: int = 
     return GenerationRequest(rid, prompt, tokens, sampling=SamplingParams(temperature=0.0))
 
 
+def two_turns(rid: str, first: bytes, second: bytes) -> GenerationRequest:
+    """An image in the first turn, another in the second."""
+    messages = (
+        {"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image"}]},
+        {"role": "assistant", "content": "a red square"},
+        {"role": "user", "content": [{"type": "text", "text": "and"}, {"type": "image"}]},
+    )
+    images = (part(first, "messages[0].content[1]"), part(second, "messages[2].content[1]"))
+    prompt = ChatPrompt(messages, images=images)
+    return GenerationRequest(rid, prompt, TOKENS, sampling=SamplingParams(temperature=0.0))
+
+
 def text(rid: str, words: str) -> GenerationRequest:
     return GenerationRequest(rid, ChatPrompt(({"role": "user", "content": words},)), TOKENS)
 
@@ -107,9 +119,15 @@ def test_the_position_cache_gives_mlx_vlms_positions_chunk_by_chunk_and_after_a_
 
 
 def test_image_rows_of_several_sizes_batched_with_text_give_mlx_vlms_answers(qwen, loaded):
-    requests = [ask("red", RED), text("t", "hello there"), ask("blue", BLUE), ask("two", RED, TALL)]
+    requests = [
+        ask("red", RED),
+        text("t", "hello there"),
+        ask("blue", BLUE),
+        ask("two", RED, TALL),
+        two_turns("turns", RED, TALL),
+    ]
     expected = {r.id: mlx_vlm_answer(loaded, r) for r in requests if r.id != "t"}
-    with running_engine(qwen, batch={"size": 4}, prompt_cache={"max_entries": 0}) as engine:
+    with running_engine(qwen, batch={"size": 5}, prompt_cache={"max_entries": 0}) as engine:
         (alone,) = run_all(engine, [text("t0", "hello there")])
         together = run_all(engine, requests)
     out = {r.id: o for r, o in zip(requests, together, strict=True)}

@@ -86,7 +86,18 @@ _FAMILIES: dict[str, dict[str, Any]] = {
         "text": "qwen3_5",
     },
 }
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
+for _moe, _base in (("qwen3_vl_moe", "qwen3_vl"), ("qwen3_5_moe", "qwen3_5")):
+    _FAMILIES[_moe] = _FAMILIES[_base]
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+# Mixture of experts: 4 experts of 32, 2 a token (and Qwen3.5's shared expert).
+_MOE = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "decoder_sparse_step": 1,
+    "shared_expert_intermediate_size": 64,
+    "mlp_only_layers": [],
+}
 
 FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 
@@ -120,7 +131,7 @@ def _config(family: str) -> dict[str, Any]:
         }
     if family in ("qwen2_vl", "qwen2_5_vl"):
         return _qwen2_vl_config(family, text, ids, eos)
-    if family in ("qwen3_vl", "qwen3_5"):
+    if family.startswith("qwen3"):
         return _qwen3_config(family, text, ids, eos)
     text = {**text, "model_type": "gemma3_text", "mm_tokens_per_image": 4}
     text.pop("rope_theta", None)
@@ -208,11 +219,13 @@ def _qwen3_config(
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
         "num_position_embeddings": 16,
-        "deepstack_visual_indexes": [0, 1] if family == "qwen3_vl" else [],
+        "deepstack_visual_indexes": [0, 1] if family.startswith("qwen3_vl") else [],
     }
-    if family == "qwen3_vl":
+    if family.endswith("_moe"):
+        text = {**text, **_MOE, "model_type": family}
+    if family.startswith("qwen3_vl"):
         mrope = {"type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
-        text = {**text, "model_type": "qwen3_vl", "rope_scaling": mrope}
+        text = {**text, "model_type": family, "rope_scaling": mrope}
     else:
         text = {**text, "rope_parameters": {**text["rope_parameters"], "mrope_section": [2, 1, 1]}}
     return {
@@ -228,7 +241,9 @@ def _processor_files(family: str) -> dict[str, dict[str, Any]]:
     if family in QWEN_FAMILIES:
         processor = {
             "qwen3_5": "Qwen3VLProcessor",
+            "qwen3_5_moe": "Qwen3VLProcessor",
             "qwen3_vl": "Qwen3VLProcessor",
+            "qwen3_vl_moe": "Qwen3VLProcessor",
             "qwen2_5_vl": "Qwen2_5_VLProcessor",
         }
         return {

@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 
 # The families whose language model takes 3-D positions and that mlxd serves with images.
-MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"})
+MROPE_FAMILIES = frozenset(
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"}
+)
 
 
 def is_mrope(config: dict[str, Any]) -> bool:
