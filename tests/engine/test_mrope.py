@@ -22,7 +22,14 @@ from mlxd.config import ModelSettings
 from mlxd.engine.chat.intake import tokenize_with_images
 from mlxd.engine.chat.loading import load_model
 from mlxd.engine.chat.vision_intake import VIRTUAL_BASE
-from mlxd.engine.messages import ChatPrompt, Delta, Finished, GenerationRequest, SamplingParams
+from mlxd.engine.messages import (
+    ChatPrompt,
+    Delta,
+    Failed,
+    Finished,
+    GenerationRequest,
+    SamplingParams,
+)
 from tests.engine.test_vision import part, png
 from tests.support.engine import consume, run_all, running_engine, settled
 from tests.support.tinyvlms import QWEN_FAMILIES, tiny_vlm_dir
@@ -116,6 +123,15 @@ def test_the_position_cache_gives_mlx_vlms_positions_chunk_by_chunk_and_after_a_
     nxt = model._positions(mx.array([[5]]), cache)
     assert np.asarray(nxt).ravel().tolist() == [len(ids) + int(delta.item())] * 3
     model.release(images)
+    # How many tokens an image of a size becomes, without its pixels: the processor's count.
+    from PIL import Image
+
+    from mlxd.engine.chat.mrope_layout import image_tokens
+
+    processor = loaded.vision.processor
+    for size in ((56, 112), (1000, 333), (3, 40), (4000, 3000)):
+        out = processor(text=["<|image_pad|>"], images=[Image.new("RGB", size)])
+        assert image_tokens(processor, *size) == np.asarray(out["input_ids"]).size, size
 
 
 def test_image_rows_of_several_sizes_batched_with_text_give_mlx_vlms_answers(qwen, loaded):
@@ -130,6 +146,7 @@ def test_image_rows_of_several_sizes_batched_with_text_give_mlx_vlms_answers(qwe
     with running_engine(qwen, batch={"size": 5}, prompt_cache={"max_entries": 0}) as engine:
         (alone,) = run_all(engine, [text("t0", "hello there")])
         together = run_all(engine, requests)
+        (thin,) = run_all(engine, [ask("thin", png((1, 2, 3), (402, 2)))])
     out = {r.id: o for r, o in zip(requests, together, strict=True)}
     assert all(o.ok for o in together), [o.end for o in together]
     assert {o.accepted.lane for o in together} == {"batch"}  # type: ignore[union-attr]
@@ -141,6 +158,9 @@ def test_image_rows_of_several_sizes_batched_with_text_give_mlx_vlms_answers(qwe
     usage = {rid: o.end.usage.prompt_tokens for rid, o in out.items()}  # type: ignore[union-attr]
     assert usage["blue"] - usage["red"] == 4
     assert usage["red"] == len(tokenize_with_images(loaded, requests[0])[0])
+    # An image the processor cannot take (aspect ratio past 200): a 400 naming the part.
+    assert isinstance(thin.accepted, Failed) and thin.accepted.status == 400
+    assert thin.accepted.param == "messages[0].content[1]" and "aspect" in thin.accepted.message
 
 
 def second_turn(first_answer: str, image: bytes, rid: str) -> GenerationRequest:

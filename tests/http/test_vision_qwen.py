@@ -92,3 +92,16 @@ def test_an_image_on_every_api_gives_mlx_vlms_answer(daemon):
     assert images is not None and len(images.ids) == 8
     assert chat.usage is not None and chat.usage.prompt_tokens == len(ids)
     assert response.usage is not None and response.usage.input_tokens == len(ids)
+
+
+def test_a_video_part_is_a_clear_400_naming_it(daemon):
+    video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
+    body = {
+        "model": "qwen",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, video]}],
+    }
+    with daemon.client() as http:
+        r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "messages[0].content[1]" and "Video input" in error["message"]

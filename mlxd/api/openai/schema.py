@@ -116,6 +116,10 @@ def _text_content(content: Any, index: int) -> str:
     )
 
 
+# vLLM's and others' video parts: refused with a clear message (docs/api.md#images).
+_VIDEO_PARTS = ("video_url", "video", "input_video")
+
+
 def _user_content(content: Any, index: int, images: Images) -> str | list[dict[str, Any]]:
     """A user message's content: text, or text and ``image_url`` parts."""
     if not isinstance(content, list):
@@ -129,6 +133,8 @@ def _user_content(content: Any, index: int, images: Images) -> str | list[dict[s
             if isinstance(image, dict) and image.get("detail") not in (None, "auto", "low", "high"):
                 raise bad(f"{where}.image_url.detail", "detail must be auto, low or high.")
             parts.append(images.data_url(url, f"{where}.image_url"))
+        elif isinstance(part, dict) and part.get("type") in _VIDEO_PARTS:
+            raise bad(where, "Video input is not supported; send the frames as image_url parts.")
         else:
             parts.append(text_part(_text_content([part], index)))
     return content_of(parts)

@@ -179,8 +179,7 @@ def tokenize_images(
             "the model's processor wrote no image tokens for these images",
             param=prompt.images[0].where,
         )
-    per_image = _per_image(inputs, len(pictures))
-    digests = _digests(per_image, inputs, positions)
+    digests = _digests(inputs, positions, len(pictures))
     virtual = []
     for (digest, index), pos in zip(digests, positions, strict=True):
         vid = VIRTUAL_BASE + _id_hash(digest, index)
@@ -188,6 +187,7 @@ def tokenize_images(
         virtual.append(vid)
     key = hashlib.sha256(b"".join(d + i.to_bytes(4, "little") for d, i in digests)).hexdigest()
     runs = _runs(positions)
+    per_image = _per_image(inputs, len(pictures))
     alone = per_image is not None and len(runs) == len(pictures)
     spans = tuple(len(r) for r in runs) if alone else ()
     images = ImageSet(key, tuple(virtual), parts.placeholder, inputs, len(pictures), spans)
@@ -239,12 +239,11 @@ def _runs(positions: list[int]) -> list[list[int]]:
 
 
 def _digests(
-    per_image: list[dict[str, np.ndarray]] | None,
-    inputs: dict[str, np.ndarray],
-    positions: list[int],
+    inputs: dict[str, np.ndarray], positions: list[int], count: int
 ) -> list[tuple[bytes, int]]:
     """For every image token: the hash of its image's inputs and its index in the image."""
     runs = _runs(positions)
+    per_image = _per_image(inputs, count)
     if per_image is not None and len(runs) == len(per_image):
         out = []
         for own, run in zip(per_image, runs, strict=True):
