@@ -16,10 +16,15 @@ Reported: the longest gap between two chunks of the text stream while they join.
 vision tower runs between two steps, once per image set, so the image column should
 stay near the text column (the gap of one prefill chunk).
 
-Usage: ``python benchmarks/vision.py [--model DIR] [--concurrency 1,2,4,8]
-[--max-tokens 32] [--image-size 28] [--repeats 3] [--no-peer]``. Without ``--model`` it
-uses the tiny random-weight gemma3 of the tests (built locally; mlx_vlm.server's llava path fails on
-transformers 5 with this processor). A Markdown table goes to stdout, progress to stderr.
+**Joining** (both servers): one long text stream decodes; once it has streamed a few
+chunks, C image requests join it. Reported per C: the joiners' median and worst TTFT,
+and every stream's tokens per second from the join until the last joiner ends.
+
+Usage: ``python benchmarks/vision.py [--model DIR | --family qwen2_vl] [--concurrency
+1,2,4,8] [--max-tokens 32] [--image-size 28] [--repeats 3] [--no-peer]``. Without
+``--model`` it uses the tests' tiny random-weight ``--family`` (default gemma3; built
+locally; mlx_vlm.server's llava path fails on transformers 5 with this processor). A
+Markdown table goes to stdout, progress to stderr.
 """
 
 from __future__ import annotations
@@ -120,6 +125,53 @@ async def wave(base: str, model: str, c: int, args: argparse.Namespace, seed: in
     }
 
 
+async def join(base: str, model: str, c: int, args: argparse.Namespace, seed: int):
+    """C image requests joining a decoding text stream: their TTFT and the tokens per second
+    of every stream (the text one's too) from when they join until the last one ends."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        chunks: list[float] = []
+        long_body = chat_body(model, args.stall_tokens, None, "tell a long story")
+        task = asyncio.create_task(stream(client, base, long_body, chunks))
+        while len(chunks) < 4 and not task.done():  # decoding before they join
+            await asyncio.sleep(0.01)
+        bodies = [
+            chat_body(model, args.max_tokens, image_url(seed + i, args.image_size), "describe it")
+            for i in range(c)
+        ]
+        joined = time.perf_counter()
+        results = await asyncio.gather(*(stream(client, base, b) for b in bodies))
+        done = time.perf_counter()
+        if task.done():
+            raise RuntimeError("the text stream ended before the joiners: raise --stall-tokens")
+        task.cancel()  # closing the stream cancels its row
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    ttfts = [r["chunks"][0] - r["sent"] for r in results if r["chunks"]]
+    tokens = sum(r["tokens"] if r["tokens"] is not None else len(r["chunks"]) for r in results)
+    tokens += sum(1 for t in chunks if joined <= t <= done)
+    return {
+        "ttft_median": statistics.median(ttfts) if ttfts else None,
+        "ttft_max": max(ttfts) if ttfts else None,
+        "tps": tokens / (done - joined),
+        "tokens": tokens,
+    }
+
+
+def waves(base: str, model: str, args: argparse.Namespace, name: str) -> dict[Any, Any]:
+    """Both kinds of wave at every concurrency, medians over the rounds."""
+    out: dict[Any, Any] = {}
+    for c in args.concurrency:
+        rounds = range(args.repeats)
+        out[c] = median_of([asyncio.run(wave(base, model, c, args, 100 * c + r)) for r in rounds])
+        out[("join", c)] = median_of(
+            [asyncio.run(join(base, model, c, args, 5000 + 100 * c + r)) for r in rounds]
+        )
+        logger.info("%s C=%d: %s; joining: %s", name, c, out[c], out[("join", c)])
+    return out
+
+
 async def stall(base: str, model: str, args: argparse.Namespace, images: bool, seed: int):
     """The longest gap in a decoding text stream while ``args.joiners`` requests join it."""
     import httpx
@@ -166,11 +218,7 @@ def run_mlxd(args: argparse.Namespace, model_dir: str, work: Path) -> dict[str, 
     out: dict[str, Any] = {}
     with Server("mlxd", cmd, env, f"{base}/ready", work / "mlxd.log", f"{base}/stats"):
         asyncio.run(wave(base, "vlm", max(args.concurrency), args, 1000))  # warm-up
-        for c in args.concurrency:
-            out[c] = median_of(
-                [asyncio.run(wave(base, "vlm", c, args, 100 * c + r)) for r in range(args.repeats)]
-            )
-            logger.info("mlxd C=%d: %s", c, out[c])
+        out.update(waves(base, "vlm", args, "mlxd"))
         # Alternated, so a change in the machine's load hits both alike.
         text, image = [], []
         for r in range(args.repeats):
@@ -233,14 +281,7 @@ def run_peer(args: argparse.Namespace, model_dir: str, work: Path) -> dict[str, 
     out: dict[str, Any] = {}
     with Server("mlx_vlm.server", cmd, env, f"{base}/health", work / "mlx_vlm.log"):
         asyncio.run(wave(base, model_dir, max(args.concurrency), args, 1000))  # loads the model
-        for c in args.concurrency:
-            out[c] = median_of(
-                [
-                    asyncio.run(wave(base, model_dir, c, args, 100 * c + r))
-                    for r in range(args.repeats)
-                ]
-            )
-            logger.info("mlx_vlm.server C=%d: %s", c, out[c])
+        out.update(waves(base, model_dir, args, "mlx_vlm.server"))
     return out
 
 
@@ -260,7 +301,8 @@ def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", help="a vision-language model directory (default: tiny gemma3)")
+    p.add_argument("--model", help="a vision-language model directory (default: a tiny one)")
+    p.add_argument("--family", default="gemma3", help="the tests' tiny model without --model")
     p.add_argument("--concurrency", default="1,2,4,8")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--image-size", type=int, default=28)
@@ -281,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from tests.support.tinyvlms import tiny_vlm_dir
 
-        model_dir = str(tiny_vlm_dir("gemma3"))
+        model_dir = str(tiny_vlm_dir(args.family))
     tower = tower_vs_chunk(model_dir, [int(x) for x in args.tower_sizes.split(",")], args.step)
     with tempfile.TemporaryDirectory(prefix="vision-bench-") as tmp:
         work = Path(tmp)
@@ -294,6 +336,17 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | --- | --- | --- | --- |")
     for c in args.concurrency:
         a, b = ours[c], peer.get(c, {})
+        print(
+            f"| {c} | {fmt(a['ttft_median'], 1000)} / {fmt(a['ttft_max'], 1000)} "
+            f"| {fmt(b.get('ttft_median'), 1000)} / {fmt(b.get('ttft_max'), 1000)} "
+            f"| {fmt(a['tps'])} | {fmt(b.get('tps'))} |"
+        )
+    print(f"\n{args.stall_tokens}-token text stream decoding; C image requests join it:\n")
+    print("| C | mlxd TTFT median / max (ms) | mlx_vlm.server TTFT median / max (ms) "
+          "| mlxd tok/s | mlx_vlm.server tok/s |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- |")
+    for c in args.concurrency:
+        a, b = ours[("join", c)], peer.get(("join", c), {})
         print(
             f"| {c} | {fmt(a['ttft_median'], 1000)} / {fmt(a['ttft_max'], 1000)} "
             f"| {fmt(b.get('ttft_median'), 1000)} / {fmt(b.get('ttft_max'), 1000)} "
