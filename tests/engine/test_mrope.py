@@ -219,3 +219,28 @@ def test_a_preempted_image_row_resumes_with_its_own_positions():
         preemptions = settled(engine).counters["preemptions"]
     assert preemptions == 1
     assert tokens == alone.tokens
+
+
+def test_a_failing_vision_tower_fails_its_own_row_only(monkeypatch):
+    from mlxd.engine.chat.vision import VisionLM
+
+    qwen = tiny_vlm_dir("qwen2_vl")
+    loaded = load_model(ModelSettings(path=str(qwen)), optimized_blas=False, generation=0)
+    _, bad = tokenize_with_images(loaded, ask("b", BLUE))
+    assert bad is not None
+    encode = VisionLM._encode
+
+    def failing(self, images, part):
+        if images.key == bad.key:
+            raise RuntimeError("the vision tower failed")
+        return encode(self, images, part)
+
+    with running_engine(qwen, batch={"size": 4}, prompt_cache={"max_entries": 0}) as engine:
+        alone = run_all(engine, [ask("red", RED), text("t", "hello there")])
+        monkeypatch.setattr(VisionLM, "_encode", failing)
+        red, blue, words = run_all(
+            engine, [ask("r2", RED), ask("b2", BLUE), text("t2", "hello there")]
+        )
+    assert isinstance(blue.end, Failed) and "vision tower failed" in blue.end.message
+    assert red.ok and words.ok
+    assert [red.tokens, words.tokens] == [o.tokens for o in alone]
