@@ -69,7 +69,7 @@ class MropeVisionLM(VisionLM):
         their positions (row by row), and where they are.
         """
         ids = np.asarray(inputs)
-        where = ids >= VIRTUAL_BASE
+        where: np.ndarray = ids >= VIRTUAL_BASE
         rows = []
         for token in ids[where].tolist():
             images, part, offset = self._by_id[token]
