@@ -191,6 +191,7 @@ def test_which_directories_load_as_vision_models(tmp_path, vlm):
 
     from mlxd.config import ModelSettings
     from mlxd.engine.chat.loading import ModelLoadError, load_model
+    from mlxd.engine.chat.mrope_layout import is_mrope
     from mlxd.engine.chat.vision_loading import wants_vision
 
     auto, on, off = ModelSettings(), ModelSettings(vision=True), ModelSettings(vision=False)
@@ -205,7 +206,7 @@ def test_which_directories_load_as_vision_models(tmp_path, vlm):
     mrope = tmp_path / "mrope"
     shutil.copytree(vlm, mrope)
     config = json.loads((mrope / "config.json").read_text())
-    if config["model_type"] == "qwen2_vl":  # a Qwen-VL family: served (tests/engine/test_mrope.py)
+    if is_mrope(config):  # a Qwen-VL family: served (tests/engine/test_mrope.py)
         return
     config["text_config"]["rope_scaling"] = {"type": "mrope", "mrope_section": [2, 1, 1]}
     (mrope / "config.json").write_text(json.dumps(config))
