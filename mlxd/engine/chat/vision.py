@@ -161,7 +161,7 @@ class VisionLM:
         if features.shape[0] != n:
             raise ValueError(f"the vision tower gave {features.shape[0]} embeddings for {n} tokens")
         deep = getattr(out, "deepstack_visual_embeds", None)
-        if deep is not None:  # Qwen3-VL: features for the first layers too (mlxd...mrope)
+        if deep is not None:  # Qwen3-VL: features for its first layers too (mrope.py)
             if images.deepstack is None:
                 images.deepstack = [None] * len(images.parts())
             images.deepstack[part] = mx.stack(list(deep))
