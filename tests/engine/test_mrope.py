@@ -1,12 +1,13 @@
 """Qwen-VL images in the engine: 3-D (mrope) positions per row, against mlx-vlm's own answers.
 
-The tiny qwen2_vl, qwen2_5_vl (windowed vision attention) and qwen3_5 (hybrid linear
-attention) of :mod:`tests.support.tinyvlms`, greedy and float32. Image rows
-of different sizes, a two-image row and a text row share one batch, and each gives what
-mlx-vlm's ``generate_step`` gives for it; the positions the position cache hands the
-language model are mlx-vlm's ``get_rope_index`` exactly, chunk by chunk and after a
-trim; a cached second turn (RAM, the disk tier after a restart) and a preempted image
-row answer as a cold run does.
+The tiny Qwen-VL families of :mod:`tests.support.tinyvlms` (qwen2_vl; qwen2_5_vl, windowed
+vision attention; qwen3_vl and its MoE, deepstack; qwen3_5 and its MoE, hybrid linear
+attention), greedy and float32. Image rows of different sizes, a two-image row, an image
+in each of two turns and a text row share one batch, and each gives what mlx-vlm's
+``generate_step`` gives for it; the positions the position cache hands the language model
+are mlx-vlm's ``get_rope_index`` exactly, chunk by chunk and after a trim; a cached second
+turn (RAM, the disk tier after a restart) and a preempted image row answer as a cold run
+does; a failing vision tower fails its own row only.
 """
 
 from __future__ import annotations
