@@ -38,6 +38,12 @@ def model_problems(model: ModelSettings, *, table: str = "model") -> list[tuple[
     problems: list[tuple[str, str]] = []
     if model.path:
         problems += [(f"[{table}] path", p) for p in _directory_problems(Path(model.path))]
+    if model.repo:  # not pulled yet is no config problem: the model is not ready until it is
+        from mlxd.hub import repo_dir
+
+        found = repo_dir(model.repo, model.revision)
+        if found is not None:
+            problems += [(f"[{table}] repo", p) for p in _directory_problems(found)]
     template = model.chat_template
     if template and "{{" not in template and "{%" not in template:
         file = Path(template).expanduser()

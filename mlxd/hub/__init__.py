@@ -9,7 +9,7 @@ it reads them); nothing here imports MLX or web code.
 
 from __future__ import annotations
 
-from mlxd.hub.cache import HubPlace, NotPulled, local_snapshot, pull_hint
+from mlxd.hub.cache import HubPlace, NotPulled, local_snapshot, pull_hint, repo_dir
 from mlxd.hub.download import Cancelled, Progress, pull
 from mlxd.hub.fit import FitVerdict, fit_verdict, kv_bytes_per_token
 from mlxd.hub.listing import HubError, Listing, fetch_listing
@@ -28,4 +28,5 @@ __all__ = [
     "local_snapshot",
     "pull",
     "pull_hint",
+    "repo_dir",
 ]

@@ -65,3 +65,11 @@ def local_snapshot(repo: str, revision: str = "main", place: HubPlace | None = N
     if not (path / "config.json").is_file():
         raise NotPulled(repo, revision, "its snapshot has no config.json")
     return path
+
+
+def repo_dir(repo: str, revision: str) -> Path | None:
+    """The snapshot directory when ``repo`` is pulled, else None (never raises)."""
+    try:
+        return local_snapshot(repo, revision)
+    except NotPulled:
+        return None

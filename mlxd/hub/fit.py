@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mlxd.config import format_bytes
+
 GiB = 1024**3
 _DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
 
@@ -70,7 +72,7 @@ class FitVerdict:
 
 
 def _gib(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n < 10 * GiB else f"{n / GiB:.1f} GiB"
+    return format_bytes(n)
 
 
 def fit_verdict(

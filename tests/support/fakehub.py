@@ -94,6 +94,7 @@ class Request:
     method: str
     path: str
     range: str | None
+    sent: int = 0  # file-body bytes sent in answer
 
 
 @dataclass
@@ -146,7 +147,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             path = unquote(parts.path)
             query = parse_qs(parts.query)
-            hub.requests.append(Request(self.command, path, self.headers.get("Range")))
+            self.record = Request(self.command, path, self.headers.get("Range"))
+            hub.requests.append(self.record)
             if path.startswith("/api/models/"):
                 self._api(path.removeprefix("/api/models/"), query)
             elif "/resolve/" in path:
@@ -246,6 +248,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(chunk)
                     self.wfile.flush()
                     hub._count(name, len(chunk))
+                    self.record.sent += len(chunk)
                     if hub.throttle:
                         time.sleep(len(chunk) / hub.throttle)
             except (BrokenPipeError, ConnectionResetError):

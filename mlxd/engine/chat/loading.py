@@ -64,6 +64,14 @@ class LoadedModel:
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
     """The directory to load and the model id to serve it under."""
+    if settings.repo:
+        from mlxd.hub import NotPulled, local_snapshot
+
+        try:
+            path = local_snapshot(settings.repo, settings.revision)
+        except NotPulled as exc:
+            raise ModelLoadError(str(exc)) from None
+        return path, settings.name or settings.repo
     if settings.path:
         path = Path(settings.path).expanduser()
         if not path.is_dir():
