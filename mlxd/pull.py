@@ -21,8 +21,17 @@ from typing import Any, TextIO
 
 from mlxd.config import Settings, format_bytes
 from mlxd.config.registry import for_model, registry
-from mlxd.hub import Cancelled, FitVerdict, HubError, Listing, Progress, fit_verdict
-from mlxd.hub import fetch_listing, kv_bytes_per_token, pull
+from mlxd.hub import (
+    Cancelled,
+    FitVerdict,
+    HubError,
+    Listing,
+    Progress,
+    fetch_listing,
+    fit_verdict,
+    kv_bytes_per_token,
+    pull,
+)
 from mlxd.hub.fit import context_length
 
 EXIT_FAILED, EXIT_DOES_NOT_FIT, EXIT_INTERRUPTED = 1, 3, 130

@@ -17,6 +17,7 @@ from litestar.types import ControllerRouterHandler
 from mlxd.api.app import ERROR_ENVELOPES, api_route_handlers
 from mlxd.api.batches.service import BatchService
 from mlxd.api.http.errors import error_handlers
+from mlxd.api.ops.downloads import DownloadService
 from mlxd.api.state import AppState, provide_app_state
 from mlxd.dashboard.batch_actions import BatchActionsController
 from mlxd.dashboard.editor import EditorController
@@ -86,4 +87,7 @@ def make_app(state: AppState) -> Litestar:
     app.state.mlxd = state
     # Started on the event loop by the server; it runs batch lines through ``app``.
     state.batches = BatchService(state, app)
+    # Hub downloads; with [server] downloads = true, missing repos are pulled at start.
+    state.downloads = DownloadService(state)
+    app.on_startup.append(state.downloads.autostart)
     return app

@@ -1,0 +1,140 @@
+"""Models from the hub end to end: ``mlxd pull`` and the daemon, through the local fake hub.
+
+``HF_ENDPOINT`` points the real ``huggingface_hub`` at :mod:`tests.support.fakehub`
+and ``HF_HUB_CACHE`` at a cache of this module's own, so the CLI and the daemon
+use the variables as an operator would. One daemon: a pulled repo serves chat,
+a repo not pulled names ``mlxd pull`` until ``POST /admin/models/{id}/pull``
+brings it (a running job with bytes in progress, then done), then it serves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlxd.hub import HubPlace, pull
+from tests.support.daemon import Daemon
+from tests.support.fakehub import FakeHub, running_hub
+
+CONFIG = """\
+[memory]
+budget = "{budget}"
+
+[sampling]
+temperature = 0.0
+
+[prompt_cache]
+max_bytes = "1MiB"
+disk = false
+
+[models.tiny]
+repo = "org/tiny"
+default = true
+pin = true
+
+[models.later]
+repo = "org/later"
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tiny_models):
+    with running_hub() as hub:
+        hub.add_dir("org/tiny", tiny_models("llama"))
+        hub.add_dir("org/later", tiny_models("llama_b"))
+        yield hub
+
+
+@pytest.fixture(scope="module")
+def env(hub: FakeHub, tmp_path_factory) -> dict[str, str]:
+    cache = tmp_path_factory.mktemp("hf-cache")
+    return {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(cache), "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def mlxd_pull(env: dict[str, str], *args: str, config: Path | None = None):
+    cmd = [sys.executable, "-m", "mlxd", "pull", *args]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    return subprocess.run(
+        cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_pull_fits_downloads_and_a_second_pull_moves_nothing(hub, env, tmp_path):
+    config = tmp_path / "mlxd.toml"
+    config.write_text(CONFIG.format(budget="2GiB"))
+    done = mlxd_pull(env, "org/tiny", config=config)
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.strip().splitlines()[-1])  # the snapshot directory, last
+    assert path.is_relative_to(env["HF_HUB_CACHE"]) and (path / "model.safetensors").is_file()
+    assert "org/tiny: " in done.stderr and "fits, with room for 4,096 tokens" in done.stderr
+    assert "6/6 files" in done.stderr
+    served = hub.bytes_served()
+
+    again = mlxd_pull(env, "org/tiny", config=config)
+    assert again.returncode == 0 and again.stdout.strip() == str(path)
+    assert hub.bytes_served() == served
+
+
+def test_pull_refuses_what_does_not_fit_and_what_does_not_exist(hub, env, tmp_path):
+    config = tmp_path / "mlxd.toml"
+    config.write_text(CONFIG.format(budget="512KiB"))
+    big = mlxd_pull(env, "org/later", config=config)
+    assert big.returncode == 3
+    assert "org/later: " in big.stderr and "does not fit: " in big.stderr
+    assert "of weights against a 512 KiB budget" in big.stderr
+    assert not [r for r in hub.weight_gets() if "org/later" in r.path]  # no weight byte moved
+
+    missing = mlxd_pull(env, "org/missing")
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert missing.stderr.strip() == (
+        f"org/missing: no such repo on {hub.url} (or it is private: set HF_TOKEN to a token "
+        "with access)"
+    )
+
+
+def test_a_daemon_serves_a_pulled_repo_and_pulls_another_on_an_admins_word(hub, env, tmp_path):
+    # org/tiny pulled in process (the CLI's pull is tested above).
+    pull("org/tiny", place=HubPlace(hub.url, Path(env["HF_HUB_CACHE"])))
+    hub.throttle = 1_000_000  # org/later takes about a second: the job is seen running
+    daemon = Daemon(tmp_path / "d", CONFIG.format(budget="2GiB"), env=env).start()
+    try:
+        with daemon.client() as c:
+            chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            assert c.post("/v1/chat/completions", json={**chat, "model": "tiny"}).status_code == 200
+
+            refused = c.post("/v1/chat/completions", json={**chat, "model": "later"})
+            assert refused.status_code == 503
+            assert "run `mlxd pull org/later`" in refused.json()["error"]["message"]
+            models = {m["id"]: m for m in c.get("/stats").json()["fleet"]["models"]}
+            assert models["tiny"]["pulled"] is True and models["later"]["pulled"] is False
+            assert models["later"]["repo"] == "org/later"
+
+            started = c.post("/admin/models/later/pull")
+            assert started.status_code == 202, started.text
+            job = started.json()
+            assert (job["repo"], job["revision"], job["state"]) == ("org/later", "main", "running")
+            seen_running = False
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                job = c.get(f"/admin/downloads/{job['id']}").json()
+                if job["state"] == "running" and 0 < job["bytes_done"] < job["bytes_total"]:
+                    seen_running = True
+                if job["state"] != "running":
+                    break
+                time.sleep(0.1)
+            assert seen_running and job["state"] == "done", job
+            assert job["fits"] is True and job["fit"].startswith("fits, with room for")
+            listed = c.get("/admin/downloads").json()["data"]
+            assert listed[0]["id"] == job["id"] and listed[0]["bytes_done"] == job["bytes_total"]
+
+            served = c.post("/v1/chat/completions", json={**chat, "model": "later"})
+            assert served.status_code == 200, served.text
+    finally:
+        hub.throttle = None
+        daemon.stop()
