@@ -20,6 +20,7 @@ from mlxd.api.http.errors import error_handlers
 from mlxd.api.ops.downloads import DownloadService
 from mlxd.api.state import AppState, provide_app_state
 from mlxd.dashboard.batch_actions import BatchActionsController
+from mlxd.dashboard.download_actions import DownloadActionsController
 from mlxd.dashboard.editor import EditorController
 from mlxd.dashboard.login import LoginController
 from mlxd.dashboard.model_actions import ModelActionsController
@@ -52,6 +53,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
         LoginController,  # /dashboard/login
         EditorController,  # /dashboard/config
         ModelActionsController,  # /dashboard/models
+        DownloadActionsController,  # /dashboard/downloads
         BatchActionsController,  # /dashboard/batches/cancel
         static,  # /static
     ]

@@ -115,6 +115,12 @@ class FakeHub:
         self.repos[repo_id] = repo
         return repo
 
+    def add_dir_files(self, repo_id: str, files: dict[str, bytes], **kw: Any) -> FakeRepo:
+        """Serve ``files`` (name -> bytes) as the repo ``repo_id``."""
+        repo = FakeRepo(dict(files), **kw)
+        self.repos[repo_id] = repo
+        return repo
+
     def bytes_served(self, suffix: str = "") -> int:
         """File-body bytes sent so far, for paths ending in ``suffix``."""
         with self._lock:

@@ -104,3 +104,63 @@ def test_errors_are_one_line_naming_the_repo(hub: FakeHub, place: HubPlace, tiny
     assert (pull("org/gated", place=with_token) / "model.safetensors").is_file()
     for error in (missing.value,):
         assert "\n" not in str(error)
+
+
+def wait_for(predicate, timeout: float = 20.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def test_download_jobs_cancel_and_a_restart_shows_a_half_done_job_as_resumable(
+    hub: FakeHub, place: HubPlace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from mlxd.hub.jobs import Downloads
+
+    monkeypatch.setattr(download, "PULL_CHUNK_BYTES", 64 * 1024)
+    monkeypatch.setattr("mlxd.hub.jobs.SAVE_EVERY_S", 0.0)
+    hub.throttle = 500_000
+    finished = []
+    jobs = Downloads(tmp_path / "state", place=place, on_done=finished.append)
+    job, new = jobs.start("tiny", "org/tiny", "main", fit=None, force=False)
+    assert new and job["state"] == "running"
+    assert jobs.start("tiny", "org/tiny", "main", fit=None, force=False) == (job, False)
+    wait_for(lambda: (jobs.get(job["id"]) or {}).get("bytes_done", 0) > 100_000)
+
+    # Another process reading the file meanwhile (a restarted daemon): interrupted, resumable.
+    after = Downloads(tmp_path / "state", place=place).get(job["id"])
+    assert after is not None and after["state"] == "interrupted" and after["resumable"]
+    assert "pull again to resume" in after["error"]
+
+    jobs.cancel(job["id"])
+    wait_for(lambda: finished)
+    cancelled = jobs.get(job["id"])
+    assert cancelled is not None and cancelled["state"] == "cancelled" and cancelled["resumable"]
+    assert cancelled["bytes_done"] < cancelled["bytes_total"]
+
+
+def test_a_job_refuses_a_model_that_does_not_fit_before_any_weight_byte(
+    hub: FakeHub, place: HubPlace, tmp_path: Path
+):
+    from mlxd.hub import fit_verdict
+    from mlxd.hub.jobs import Downloads
+
+    finished = []
+    jobs = Downloads(None, place=place, on_done=finished.append)
+
+    def too_small(listing):
+        return fit_verdict(weights=listing.weights_bytes, kv_per_token=None, budget=1024)
+
+    jobs.start("tiny", "org/tiny", "main", fit=too_small, force=False)
+    wait_for(lambda: finished)
+    job = finished[0].as_dict()
+    assert job["state"] == "failed" and job["fits"] is False
+    assert job["error"].startswith(
+        "org/tiny: does not fit: 838 KiB of weights against a 1.0 KiB budget"
+    )
+    assert hub.weight_gets() == []
