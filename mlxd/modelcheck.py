@@ -61,8 +61,8 @@ def _directory_problems(path: Path) -> list[str]:
     path = path.expanduser()
     if not path.is_dir():
         return [
-            f"{str(path)!r} is not a directory (mlxd loads local mlx-lm model directories "
-            "and never downloads)"
+            f"{str(path)!r} is not a directory (a local mlx-lm model directory; for a hub "
+            'model use repo = "org/name" and `mlxd pull org/name`)'
         ]
     config_file = path / "config.json"
     try:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from mlxd.config.repo import RepoId, Revision
 from mlxd.config.units import Bytes, KvBudget
 
 Reload = Literal["live", "swap", "restart"]
@@ -39,10 +40,6 @@ def default_state_dir(platform: str = sys.platform, env: dict[str, str] | None =
         return Path(xdg) / "mlxd"
     return home / ".local" / "state" / "mlxd"
 
-
-# What the Hugging Face hub accepts as a repo id and a revision (huggingface_hub's own check).
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
-_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 
 _HOST_NAME = re.compile(r"^(\*|(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)$")
 
@@ -117,10 +114,7 @@ class ServerSettings(Section):
         "A server-side request forgery risk: see docs/api.md#images.",
     )
     downloads: bool = _field(
-        False,
-        "live",
-        "Download a configured repo that is not in the Hugging Face cache by itself (at start); "
-        "off: only `mlxd pull` or the dashboard's Download button fetch models.",
+        False, "live", "Pull configured repos missing from the Hugging Face cache at start."
     )
     state_dir: str | None = _field(
         None,
@@ -147,18 +141,15 @@ class ModelSettings(Section):
     path: str | None = _field(
         None, "swap", "Local mlx-lm model directory; unset serves the built-in demo model."
     )
-    repo: str | None = _field(
+    repo: RepoId | None = _field(
         None,
         "swap",
         'A Hugging Face repo ("org/name") read from the shared Hugging Face cache '
         "(get it with `mlxd pull org/name`); exclusive with path.",
     )
-    revision: str = _field("main", "swap", "The repo's branch, tag or commit (with repo only).")
+    revision: Revision = _field("main", "swap", "The repo's branch, tag or commit (with repo).")
     name: str | None = _field(
-        None,
-        "swap",
-        "Model id clients send and /v1/models lists; default: the directory name "
-        "(the repo id for a repo).",
+        None, "swap", "Model id clients send and /v1/models lists; default: the directory name."
     )
     chat_template: str | None = _field(
         None, "swap", "Chat template override: a path to a Jinja file, or the template itself."
@@ -186,23 +177,6 @@ class ModelSettings(Section):
         "Load through mlx-vlm and take images (true), or as text only (false); "
         "default: a config.json with a vision_config is a vision-language model.",
     )
-
-    @field_validator("repo")
-    @classmethod
-    def _check_repo(cls, value: str | None) -> str | None:
-        if value is not None and not _REPO_ID.match(value):
-            raise ValueError(
-                f"{value[:80]!r} is not a Hugging Face repo id: write it as 'org/name' "
-                "(letters, digits, '-', '_', '.')"
-            )
-        return value
-
-    @field_validator("revision")
-    @classmethod
-    def _check_revision(cls, value: str) -> str:
-        if not _REVISION.match(value) or ".." in value:
-            raise ValueError(f"{value[:80]!r} is not a branch, tag or commit name")
-        return value
 
     @model_validator(mode="after")
     def _path_or_repo(self) -> ModelSettings:

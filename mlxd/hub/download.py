@@ -293,7 +293,7 @@ def _verify(listing: Listing, place: HubPlace) -> None:
         listing.repo, revision=listing.commit, cache_dir=place.cache_dir
     )
     if result.mismatches or result.missing_paths:
-        bad = result.mismatches[0].path if result.mismatches else result.missing_paths[0]
+        bad = result.mismatches[0]["path"] if result.mismatches else result.missing_paths[0]
         raise HubError(
             f"{listing.repo}: {bad} does not match the hub's checksum after download; "
             f"delete {_storage(listing, place)} and pull again"

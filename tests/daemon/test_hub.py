@@ -20,6 +20,7 @@ import pytest
 from mlxd.hub import HubPlace, pull
 from tests.support.daemon import Daemon
 from tests.support.fakehub import FakeHub, running_hub
+from tests.support.stats_schema import check_schema, documented_fields
 
 CONFIG = """\
 [memory]
@@ -130,6 +131,10 @@ def test_a_daemon_serves_a_pulled_repo_and_pulls_another_on_an_admins_word(hub, 
                 time.sleep(0.1)
             assert seen_running and job["state"] == "done", job
             assert job["fits"] is True and job["fit"].startswith("fits, with room for")
+            # /stats shows the job on its model, as docs/api.md documents it.
+            fields, seen = documented_fields(), set()
+            check_schema(c.get("/stats").json(), fields, seen)
+            assert {f for f in fields if f.startswith("downloads[].")} <= seen
             listed = c.get("/admin/downloads").json()["data"]
             assert listed[0]["id"] == job["id"] and listed[0]["bytes_done"] == job["bytes_total"]
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
+from litestar.params import FromPath, FromQuery
 
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.ops.admin import admin_guard
@@ -167,7 +168,7 @@ class DownloadsController(Controller):
 
     @post("/models/{model_id:str}/pull", status_code=202)
     async def pull_model(
-        self, model_id: str, mlxd: Mlxd, force: str | None = None
+        self, model_id: FromPath[str], mlxd: Mlxd, force: FromQuery[str | None] = None
     ) -> Response[dict[str, Any]]:
         """Start downloading a configured repo model (``?force=true`` past the fit check)."""
         return _accepted(*service(mlxd).start(model_id, force=_force(force)))
@@ -191,14 +192,14 @@ class DownloadsController(Controller):
         return {"object": "list", "data": service(mlxd).jobs.jobs()}
 
     @get("/downloads/{job_id:str}")
-    async def one_job(self, job_id: str, mlxd: Mlxd) -> dict[str, Any]:
+    async def one_job(self, job_id: FromPath[str], mlxd: Mlxd) -> dict[str, Any]:
         job = service(mlxd).jobs.get(job_id)
         if job is None:
             raise OpenAIError(404, f"no download job {job_id[:40]!r}", code="not_found")
         return job
 
     @post("/downloads/{job_id:str}/cancel", status_code=200)
-    async def cancel_job(self, job_id: str, mlxd: Mlxd) -> dict[str, Any]:
+    async def cancel_job(self, job_id: FromPath[str], mlxd: Mlxd) -> dict[str, Any]:
         """Stop a running job; what it fetched stays, and pulling again resumes."""
         job = service(mlxd).jobs.cancel(job_id)
         if job is None:

@@ -76,9 +76,9 @@ def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tupl
         path = Path(settings.path).expanduser()
         if not path.is_dir():
             raise ModelLoadError(
-                f"model path {str(path)!r} is not a directory. mlxd loads local mlx-lm "
-                "model directories only (it never downloads): convert or download the "
-                "model first, e.g. `mlx_lm.convert --hf-path ORG/NAME --mlx-path DIR`."
+                f"model path {str(path)!r} is not a directory. Give a local mlx-lm model "
+                'directory, or the hub repo instead: repo = "org/name", fetched with '
+                "`mlxd pull org/name`."
             )
         if not (path / "config.json").is_file():
             raise ModelLoadError(
