@@ -3,8 +3,9 @@
 ``HF_ENDPOINT`` points the real ``huggingface_hub`` at :mod:`tests.support.fakehub`
 and ``HF_HUB_CACHE`` at a cache of this module's own, so the CLI and the daemon
 use the variables as an operator would. One daemon: a pulled repo serves chat,
-a repo not pulled names ``mlxd pull`` until ``POST /admin/models/{id}/pull``
-brings it (a running job with bytes in progress, then done), then it serves.
+a pinned repo not pulled names ``mlxd pull`` (its requests and ``/ready``)
+until ``POST /admin/models/{id}/pull`` brings it (a running job with bytes in
+progress, then done), then it loads at once and serves.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from mlxd.hub import HubPlace, pull
@@ -40,6 +42,7 @@ pin = true
 
 [models.later]
 repo = "org/later"
+pin = {pin_later}
 """
 
 
@@ -66,9 +69,23 @@ def mlxd_pull(env: dict[str, str], *args: str, config: Path | None = None):
     )
 
 
+def wait_ready_reason(c: httpx.Client, text: str) -> httpx.Response:
+    """``/ready`` once its answer holds ``text`` (the daemon binds, then loads)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            ready = c.get("/ready")
+            if text in ready.text:
+                return ready
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"/ready never said {text!r}")
+
+
 def test_pull_fits_downloads_and_a_second_pull_moves_nothing(hub, env, tmp_path):
     config = tmp_path / "mlxd.toml"
-    config.write_text(CONFIG.format(budget="2GiB"))
+    config.write_text(CONFIG.format(budget="2GiB", pin_later="false"))
     done = mlxd_pull(env, "org/tiny", config=config)
     assert done.returncode == 0, done.stderr
     path = Path(done.stdout.strip().splitlines()[-1])  # the snapshot directory, last
@@ -84,7 +101,7 @@ def test_pull_fits_downloads_and_a_second_pull_moves_nothing(hub, env, tmp_path)
 
 def test_pull_refuses_what_does_not_fit_and_what_does_not_exist(hub, env, tmp_path):
     config = tmp_path / "mlxd.toml"
-    config.write_text(CONFIG.format(budget="512KiB"))
+    config.write_text(CONFIG.format(budget="512KiB", pin_later="false"))
     big = mlxd_pull(env, "org/later", config=config)
     assert big.returncode == 3
     assert "org/later: " in big.stderr and "does not fit: " in big.stderr
@@ -103,9 +120,15 @@ def test_a_daemon_serves_a_pulled_repo_and_pulls_another_on_an_admins_word(hub, 
     # org/tiny pulled in process (the CLI's pull is tested above).
     pull("org/tiny", place=HubPlace(hub.url, Path(env["HF_HUB_CACHE"])))
     hub.throttle = 1_000_000  # org/later takes about a second: the job is seen running
-    daemon = Daemon(tmp_path / "d", CONFIG.format(budget="2GiB"), env=env).start()
+    config = CONFIG.format(budget="2GiB", pin_later="true")
+    daemon = Daemon(tmp_path / "d", config, env=env).start(wait_ready=False)
     try:
         with daemon.client() as c:
+            # Pinned and not pulled: the daemon runs, not ready, and says what to do.
+            ready = wait_ready_reason(c, "mlxd pull")
+            assert ready.status_code == 503
+            assert "run `mlxd pull org/later`" in ready.json()["reason"]
+            c.get("/v1/models").raise_for_status()
             chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
             assert c.post("/v1/chat/completions", json={**chat, "model": "tiny"}).status_code == 200
 
@@ -138,6 +161,8 @@ def test_a_daemon_serves_a_pulled_repo_and_pulls_another_on_an_admins_word(hub, 
             listed = c.get("/admin/downloads").json()["data"]
             assert listed[0]["id"] == job["id"] and listed[0]["bytes_done"] == job["bytes_total"]
 
+            daemon.wait_ready(60)  # the pinned model loaded once its download was done
+            assert c.get("/ready").json()["models"] == {"tiny": "loaded", "later": "loaded"}
             served = c.post("/v1/chat/completions", json={**chat, "model": "later"})
             assert served.status_code == 200, served.text
     finally:
