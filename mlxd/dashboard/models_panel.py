@@ -46,6 +46,8 @@ EVENT_TITLES = {
 }
 
 EVENTS_SHOWN = 12
+# A finished download's row stays this long (one that failed or stopped stays).
+DONE_SHOWN_S = 60.0
 
 
 def _n(value: Any) -> int:
@@ -81,10 +83,12 @@ def _segments(model_id: str, held: dict[str, int], budget: int) -> list[Formatte
     ]
 
 
-def _download(m: dict[str, Any]) -> Formatted | None:
-    """A repo model's latest download job, for people (None: no job yet)."""
+def _download(m: dict[str, Any], now: float) -> Formatted | None:
+    """A repo model's latest download job, for people (None: none, or done a while ago)."""
     job = m.get("download")
     if not job:
+        return None
+    if job["state"] == "done" and now - float(job.get("finished_at") or 0) > DONE_SHOWN_S:
         return None
     total, done = int(job["bytes_total"] or 0), int(job["bytes_done"] or 0)
     running = job["state"] == "running"
@@ -168,7 +172,7 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
         "repo": m.get("repo"),
         "revision": m.get("revision"),
         "pulled": m.get("pulled"),
-        "download": _download(m),
+        "download": _download(m, now),
     }
 
 

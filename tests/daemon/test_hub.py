@@ -5,11 +5,13 @@ and ``HF_HUB_CACHE`` at a cache of this module's own, so the CLI and the daemon
 use the variables as an operator would. One daemon: a pulled repo serves chat,
 a pinned repo not pulled names ``mlxd pull`` (its requests and ``/ready``)
 until ``POST /admin/models/{id}/pull`` brings it (a running job with bytes in
-progress, then done), then it loads at once and serves.
+progress, then done), then it loads at once and serves; in Chromium, the
+models panel's Download (beside the fit check), progress bar and Cancel.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import httpx
 import pytest
 
 from mlxd.hub import HubPlace, pull
+from tests.support.browser import frozen
 from tests.support.daemon import Daemon
 from tests.support.fakehub import FakeHub, running_hub
 from tests.support.stats_schema import check_schema, documented_fields
@@ -44,6 +47,21 @@ pin = true
 repo = "org/later"
 pin = {pin_later}
 """
+# A repo that is only ever downloaded in the browser test: 6 MiB, served slowly there.
+BIG = """
+[models.big]
+repo = "org/big"
+"""
+BIG_CONFIG = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 64,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "float32",
+}
+WAIT_MS = 30_000
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +69,13 @@ def hub(tiny_models):
     with running_hub() as hub:
         hub.add_dir("org/tiny", tiny_models("llama"))
         hub.add_dir("org/later", tiny_models("llama_b"))
+        hub.add_dir_files(
+            "org/big",
+            {
+                "config.json": json.dumps(BIG_CONFIG).encode(),
+                "model.safetensors": os.urandom(6 << 20),
+            },
+        )
         yield hub
 
 
@@ -116,12 +141,20 @@ def test_pull_refuses_what_does_not_fit_and_what_does_not_exist(hub, env, tmp_pa
     )
 
 
-def test_a_daemon_serves_a_pulled_repo_and_pulls_another_on_an_admins_word(hub, env, tmp_path):
-    # org/tiny pulled in process (the CLI's pull is tested above).
+@pytest.fixture(scope="module")
+def daemon(hub, env, tmp_path_factory):
+    # org/tiny pulled in process (the CLI's pull is tested above); org/big only named.
     pull("org/tiny", place=HubPlace(hub.url, Path(env["HF_HUB_CACHE"])))
+    config = CONFIG.format(budget="2GiB", pin_later="true") + BIG
+    d = Daemon(tmp_path_factory.mktemp("daemon"), config, env=env).start(wait_ready=False)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_a_daemon_serves_a_pulled_repo_and_pulls_another_on_an_admins_word(hub, daemon):
     hub.throttle = 1_000_000  # org/later takes about a second: the job is seen running
-    config = CONFIG.format(budget="2GiB", pin_later="true")
-    daemon = Daemon(tmp_path / "d", config, env=env).start(wait_ready=False)
     try:
         with daemon.client() as c:
             # Pinned and not pulled: the daemon runs, not ready, and says what to do.
@@ -162,9 +195,63 @@ def test_a_daemon_serves_a_pulled_repo_and_pulls_another_on_an_admins_word(hub, 
             assert listed[0]["id"] == job["id"] and listed[0]["bytes_done"] == job["bytes_total"]
 
             daemon.wait_ready(60)  # the pinned model loaded once its download was done
-            assert c.get("/ready").json()["models"] == {"tiny": "loaded", "later": "loaded"}
+            models = c.get("/ready").json()["models"]
+            assert (models["tiny"], models["later"]) == ("loaded", "loaded")
             served = c.post("/v1/chat/completions", json={**chat, "model": "later"})
             assert served.status_code == 200, served.text
     finally:
         hub.throttle = None
-        daemon.stop()
+
+
+# ---------------------------------------------------------------- the dashboard, in Chromium
+
+
+@pytest.mark.browser
+def test_download_progress_and_cancel_in_a_browser(hub, daemon: Daemon, pages) -> None:
+    hub.throttle = 1_500_000  # 6 MiB in about four seconds: progress and Cancel are seen
+    try:
+        _download_and_cancel(daemon, pages)
+    finally:
+        hub.throttle = None
+
+
+def _download_and_cancel(daemon: Daemon, pages) -> None:
+    page = pages(viewport={"width": 1280, "height": 900})
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(f"{daemon.url}/dashboard")
+    page.wait_for_function("() => window.htmx && htmx.version.startsWith('2.0')")
+    row = page.locator('#models tr[data-model="big"]').first
+    assert "not downloaded" in row.locator('[data-field="repo"]').inner_text()
+    assert "fit is checked" in row.locator('[data-field="fit"]').inner_text()
+
+    row.locator('button[data-action="download"]').click()
+    page.locator('#models-result[data-outcome="done"]').wait_for(timeout=WAIT_MS)
+    assert page.locator("#models-result").inner_text() == "download of org/big started"
+    # The progress bar moves with the panel's poll.
+    page.wait_for_function(
+        """() => { const p = document.querySelector(
+             '#models tr.model-download[data-model="big"][data-download-state="running"] progress');
+           return !!p && p.value > 0 && p.value < 100; }""",
+        timeout=WAIT_MS,
+    )
+    job = page.locator('#models tr.model-download[data-model="big"]')
+    with frozen(page):
+        assert "of 6.0 MiB" in job.locator('[data-field="download-detail"]').inner_text()
+        assert "fits, with room for 2,048 tokens" in job.inner_text()
+
+    page.locator('#models button[data-action="cancel-download"]').click()
+    page.locator(
+        '#models tr.model-download[data-model="big"][data-download-state="cancelled"]'
+    ).wait_for(timeout=WAIT_MS)
+    done = page.locator('#models tr.model-download[data-model="big"]')
+    assert "resumable" in done.inner_text()
+    # Download is offered again: it resumes what the cancelled job fetched.
+    page.locator('#models tr[data-model="big"] button[data-action="download"]').wait_for(
+        timeout=WAIT_MS
+    )
+    jobs = [
+        j for j in daemon.client().get("/admin/downloads").json()["data"] if j["model"] == "big"
+    ]
+    assert jobs[0]["state"] == "cancelled" and 0 < jobs[0]["bytes_done"] < jobs[0]["bytes_total"]
+    assert not problems, problems

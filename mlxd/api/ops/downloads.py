@@ -26,7 +26,9 @@ from litestar.params import FromPath, FromQuery
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.ops.admin import admin_guard
 from mlxd.api.state import AppState, Mlxd
+from mlxd.config import format_bytes
 from mlxd.config.registry import for_model, registry
+from mlxd.engine import Failed
 from mlxd.hub import FitVerdict, Listing, fit_verdict, kv_bytes_per_token, repo_dir
 from mlxd.hub.fit import context_length
 from mlxd.hub.jobs import Downloads, Job
@@ -100,6 +102,28 @@ class DownloadService:
             if entry.repo is not None and not self.pulled(entry.repo, entry.revision):
                 logger.info("[server] downloads: pulling %s for %s", entry.repo, model_id)
                 self.start(model_id, force=False)
+
+    def on_load_failed(self, model_id: str | None, failed: Failed) -> Failed:
+        """A request's model failed to load: with ``[server] downloads = true`` and its repo
+        not in the cache, pull it (one job) and say so; otherwise ``failed`` as it is."""
+        settings = self._state.settings
+        entry = registry(settings).get(model_id or "")
+        if not settings.server.downloads or entry is None or entry.repo is None:
+            return failed
+        if self.pulled(entry.repo, entry.revision):
+            return failed
+        job, _ = self.start(model_id or "", force=False)
+        if job["state"] != "running":
+            return failed
+        total = job["bytes_total"]
+        done = f" ({100 * job['bytes_done'] // total}% of {format_bytes(total)})" if total else ""
+        return Failed(
+            "model_load_failed",
+            f"The model '{model_id}' is being downloaded from the hub ({entry.repo}){done}; "
+            "retry when it is done ([server] downloads = true).",
+            503,
+            retry_after=10,
+        )
 
     def _fit_check(self, model_id: str) -> Any:
         """The fit check a job runs on the listing: numbers read now, on the event loop."""
