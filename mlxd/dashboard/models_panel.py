@@ -114,16 +114,21 @@ def _download(m: dict[str, Any], now: float) -> Formatted | None:
     }
 
 
-def _actions(m: dict[str, Any]) -> Formatted:
-    state = m["state"]
+def _download_actions(m: dict[str, Any]) -> Formatted:
+    """A repo not in the cache: Download (its fit is checked first), or Cancel while it runs."""
     job = m.get("download") or {}
     running = job.get("state") == "running"
     missing = bool(m.get("repo")) and m.get("pulled") is False
     return {
-        # A repo not in the cache: Download (its fit is checked first), or Cancel while it runs.
         "download": missing and not running,
         "force": missing and not running and job.get("fits") is False,
         "cancel": running,
+    }
+
+
+def _actions(m: dict[str, Any]) -> Formatted:
+    state = m["state"]
+    return {
         "load": state in ("unloaded", "failed"),
         # A pinned model must be unpinned first (the fleet refuses otherwise).
         "unload": state == "loaded" and not m["pinned"],
@@ -173,6 +178,7 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
         "revision": m.get("revision"),
         "pulled": m.get("pulled"),
         "download": _download(m, now),
+        "download_actions": _download_actions(m),
     }
 
 

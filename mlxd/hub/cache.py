@@ -67,9 +67,9 @@ def local_snapshot(repo: str, revision: str = "main", place: HubPlace | None = N
     return path
 
 
-def repo_dir(repo: str, revision: str) -> Path | None:
+def repo_dir(repo: str, revision: str, place: HubPlace | None = None) -> Path | None:
     """The snapshot directory when ``repo`` is pulled, else None (never raises)."""
     try:
-        return local_snapshot(repo, revision)
+        return local_snapshot(repo, revision, place)
     except NotPulled:
         return None

@@ -29,7 +29,7 @@ from mlxd.api.state import AppState, Mlxd
 from mlxd.config import format_bytes
 from mlxd.config.registry import for_model, registry
 from mlxd.engine import Failed
-from mlxd.hub import FitVerdict, Listing, fit_verdict, kv_bytes_per_token, repo_dir
+from mlxd.hub import FitVerdict, HubPlace, Listing, fit_verdict, kv_bytes_per_token, repo_dir
 from mlxd.hub.fit import context_length
 from mlxd.hub.jobs import Downloads, Job
 
@@ -43,11 +43,12 @@ MAX_BODY_BYTES = 4096
 class DownloadService:
     """The daemon's download jobs, tied to its fleet and event loop."""
 
-    def __init__(self, state: AppState):
+    def __init__(self, state: AppState, place: HubPlace | None = None):
         self._state = state
+        self._place = place  # None: huggingface_hub's own (the HF_* variables)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pulled: dict[tuple[str, str], tuple[float, bool]] = {}
-        self.jobs = Downloads(state.settings.server.state_path, on_done=self._done)
+        self.jobs = Downloads(state.settings.server.state_path, place=place, on_done=self._done)
 
     # ------------------------------------------------------------ what the views read
 
@@ -56,7 +57,7 @@ class DownloadService:
         key, now = (repo, revision), time.monotonic()
         known = self._pulled.get(key)
         if known is None or now - known[0] > PULLED_TTL_S:
-            known = (now, repo_dir(repo, revision) is not None)
+            known = (now, repo_dir(repo, revision, self._place) is not None)
             self._pulled[key] = known
         return known[1]
 
