@@ -129,10 +129,11 @@ def _download_actions(m: dict[str, Any]) -> Formatted:
 def _actions(m: dict[str, Any]) -> Formatted:
     state = m["state"]
     return {
-        "load": state in ("unloaded", "failed"),
+        # A repo not in the cache cannot load: Download is its button.
+        "load": state in ("unloaded", "failed") and m.get("pulled") is not False,
         # A pinned model must be unpinned first (the fleet refuses otherwise).
         "unload": state == "loaded" and not m["pinned"],
-        "pin": not m["pinned"],
+        "pin": not m["pinned"] and m.get("pulled") is not False,
         "unpin": bool(m["pinned"]),
     }
 

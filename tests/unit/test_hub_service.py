@@ -134,6 +134,7 @@ def test_the_panel_shows_a_running_download_and_its_buttons():
     assert m["download"]["pct"] == 25 and m["download"]["running"]
     assert m["download"]["detail"] == "3.0 MiB of 12.0 MiB (25%), 1.0 MiB/s, 9.0 s left"
     assert m["download_actions"] == {"download": False, "force": False, "cancel": True}
+    assert not m["actions"]["load"] and not m["actions"]["pin"]  # not in the cache yet
 
     refused = {**job, "state": "failed", "fits": False, "error": "org/m: does not fit: …"}
     (m,) = models_panel({"fleet": {**fleet, "models": [{**model, "download": refused}]}}, 100.0)[

@@ -79,7 +79,9 @@ class DownloadService:
         if entry is None:
             known = ", ".join(registry(settings)) or "none"
             raise OpenAIError(
-                404, f"no model {model_id!r} is configured (configured: {known})", code="not_found"
+                404,
+                f"no model {model_id[:80]!r} is configured (configured: {known})",
+                code="not_found",
             )
         if entry.repo is None:
             where = "a local directory (path)" if entry.path else "the built-in demo model"
