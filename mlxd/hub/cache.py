@@ -11,6 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# The files of a repo that make a model, as mlx-lm fetches them (mlx_lm.utils
+# DEFAULT_ALLOW_PATTERNS, copied: importing mlx-lm loads MLX). A snapshot mlx-lm
+# downloaded is complete by these; READMEs, .gitattributes, PyTorch or GGUF
+# copies of the weights are never fetched.
+ALLOW_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+
 
 @dataclass(frozen=True)
 class HubPlace:
@@ -55,7 +71,11 @@ def local_snapshot(repo: str, revision: str = "main", place: HubPlace | None = N
     place = place or HubPlace()
     try:
         found = snapshot_download(
-            repo, revision=revision, cache_dir=place.cache_dir, local_files_only=True
+            repo,
+            revision=revision,
+            cache_dir=place.cache_dir,
+            local_files_only=True,
+            allow_patterns=ALLOW_PATTERNS,
         )
     except IncompleteSnapshotError:
         raise NotPulled(repo, revision, "an earlier download was interrupted") from None

@@ -38,8 +38,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxd.hub.cache import HubPlace
-from mlxd.hub.listing import WEIGHT_SUFFIXES, HubError, Listing, fetch_listing, one_line
+from mlxd.hub.cache import ALLOW_PATTERNS, HubPlace
+from mlxd.hub.listing import (
+    WEIGHT_SUFFIXES,
+    HubError,
+    Listing,
+    fetch_listing,
+    one_line,
+)
 
 WATCH_S = 0.25
 SPEED_WINDOW_S = 3.0
@@ -193,16 +199,15 @@ def pull(
                     done.result()
             found = snapshot_download(
                 repo,
-                revision=listing.commit,
+                # The revision as asked: the library records a branch or tag in refs/.
+                revision=listing.revision,
                 cache_dir=place.cache_dir,
                 endpoint=place.endpoint,
                 token=place.token,
                 tqdm_class=bars,  # a tqdm look-alike
                 max_workers=4,
+                allow_patterns=ALLOW_PATTERNS,
             )
-        # A branch or tag names the commit in the cache (snapshot_download was given the commit).
-        if revision != listing.commit:
-            _write_ref(listing, place)
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled")
         if verify:
@@ -277,14 +282,6 @@ def _check_space(listing: Listing, place: HubPlace, now: Progress) -> None:
         )
 
 
-def _write_ref(listing: Listing, place: HubPlace) -> None:
-    ref = _storage(listing, place) / "refs" / listing.revision
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(ref.name + ".tmp")
-    tmp.write_text(listing.commit)
-    tmp.replace(ref)
-
-
 def _verify(listing: Listing, place: HubPlace) -> None:
     from huggingface_hub import HfApi
 
@@ -292,8 +289,10 @@ def _verify(listing: Listing, place: HubPlace) -> None:
     result = api.verify_repo_checksums(
         listing.repo, revision=listing.commit, cache_dir=place.cache_dir
     )
-    if result.mismatches or result.missing_paths:
-        bad = result.mismatches[0]["path"] if result.mismatches else result.missing_paths[0]
+    # Files outside ALLOW_PATTERNS (a README) are missing on purpose.
+    missing = [p for p in result.missing_paths if p in listing.sizes]
+    if result.mismatches or missing:
+        bad = result.mismatches[0]["path"] if result.mismatches else missing[0]
         raise HubError(
             f"{listing.repo}: {bad} does not match the hub's checksum after download; "
             f"delete {_storage(listing, place)} and pull again"

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.hub.cache import HubPlace
+from mlxd.hub.cache import ALLOW_PATTERNS, HubPlace
 
 WEIGHT_SUFFIXES = (".safetensors",)
 
@@ -51,7 +51,14 @@ def fetch_listing(repo: str, revision: str = "main", place: HubPlace | None = No
     try:
         api = HfApi(endpoint=place.endpoint, token=place.token)
         info = api.model_info(repo, revision=revision, files_metadata=True)
-        siblings = info.siblings or ()
+        from huggingface_hub.utils import filter_repo_objects
+
+        wanted = set(
+            filter_repo_objects(
+                [s.rfilename for s in info.siblings or ()], allow_patterns=ALLOW_PATTERNS
+            )
+        )
+        siblings = [s for s in info.siblings or () if s.rfilename in wanted]
         sizes = {s.rfilename: int(s.size or 0) for s in siblings}
         blobs = {s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id) or "" for s in siblings}
         if "config.json" not in sizes:

@@ -79,11 +79,27 @@ def test_an_interrupted_pull_resumes_where_it_stopped(
     assert (local_snapshot("org/tiny", place=place) / "model.safetensors").stat().st_size == size
 
 
-def test_a_model_another_tool_downloaded_is_found_in_place(hub: FakeHub, place: HubPlace):
+def test_a_model_another_tool_downloaded_is_found_in_place(
+    hub: FakeHub, place: HubPlace, tiny_models
+):
     from huggingface_hub import snapshot_download
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
-    theirs = snapshot_download("org/tiny", cache_dir=place.cache_dir, endpoint=hub.url)
-    assert local_snapshot("org/tiny", place=place) == Path(theirs)
+    files = {p.name: p.read_bytes() for p in tiny_models("llama").iterdir()}
+    readme = {"README.md": b"# a model card", ".gitattributes": b"*.safetensors filter=lfs"}
+    hub.add_dir_files("org/card", {**files, **readme})
+    # As mlx-lm downloads it (its own file patterns: no README, no .gitattributes) ...
+    theirs = snapshot_download(
+        "org/card",
+        cache_dir=place.cache_dir,
+        endpoint=hub.url,
+        allow_patterns=DEFAULT_ALLOW_PATTERNS,
+    )
+    assert local_snapshot("org/card", place=place) == Path(theirs)
+    # ... and a pull of it moves nothing, checks the checksums and fetches no README.
+    served = hub.bytes_served()
+    assert pull("org/card", place=place) == Path(theirs)
+    assert hub.bytes_served() == served and not (Path(theirs) / "README.md").exists()
 
 
 def test_errors_are_one_line_naming_the_repo(hub: FakeHub, place: HubPlace, tiny_models):
