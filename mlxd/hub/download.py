@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxd.config import format_bytes
 from mlxd.hub.cache import ALLOW_PATTERNS, HubPlace
 from mlxd.hub.listing import (
     WEIGHT_SUFFIXES,
@@ -277,8 +278,8 @@ def _check_space(listing: Listing, place: HubPlace, now: Progress) -> None:
     free = shutil.disk_usage(probe).free
     if need > free:
         raise HubError(
-            f"{listing.repo}: the disk is full: {need / 1024**3:.2f} GiB still to fetch, "
-            f"{free / 1024**3:.2f} GiB free under {probe}"
+            f"{listing.repo}: the disk is full: {format_bytes(need)} still to fetch, "
+            f"{format_bytes(free)} free under {probe}"
         )
 
 

@@ -180,3 +180,26 @@ def test_a_job_refuses_a_model_that_does_not_fit_before_any_weight_byte(
         "org/tiny: does not fit: 838 KiB of weights against a 1.0 KiB budget"
     )
     assert hub.weight_gets() == []
+
+
+def test_a_full_disk_is_one_line_before_the_first_byte(
+    hub: FakeHub, place: HubPlace, monkeypatch: pytest.MonkeyPatch
+):
+    import errno
+    import shutil
+
+    from mlxd.hub.listing import one_line
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(download.shutil, "disk_usage", lambda p: real(p)._replace(free=100 * 1024))
+    with pytest.raises(
+        HubError, match=r"^org/tiny: the disk is full: 848 KiB still to fetch, 100 KiB free under "
+    ):
+        pull("org/tiny", place=place)
+    assert hub.weight_gets() == []
+    # A disk that fills during the download: the same kind of line.
+    full = OSError(errno.ENOSPC, "No space left on device", "/cache/blobs/x.incomplete")
+    assert one_line(full, "org/tiny") == (
+        "org/tiny: the disk is full (/cache/blobs/x.incomplete); free space and pull again: "
+        "it resumes"
+    )
