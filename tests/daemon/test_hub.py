@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -92,6 +93,44 @@ def mlxd_pull(env: dict[str, str], *args: str, config: Path | None = None):
     return subprocess.run(
         cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=120
     )
+
+
+def test_an_interrupted_pull_exits_130_and_the_next_one_resumes(hub, env, tmp_path):
+    weights = os.urandom(3 << 20)  # three 1 MiB chunks
+    files = {"config.json": json.dumps(BIG_CONFIG).encode(), "model.safetensors": weights}
+    hub.add_dir_files("org/chunky", files)
+    config = tmp_path / "mlxd.toml"
+    config.write_text(CONFIG.format(budget="2GiB", pin_later="false"))
+    hub.throttle = 1_000_000
+    cmd = [sys.executable, "-m", "mlxd", "pull", "org/chunky", "--config", str(config)]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        blobs = Path(env["HF_HUB_CACHE"]) / "models--org--chunky" / "blobs"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            partial = [p for p in blobs.glob("*.incomplete") if p.stat().st_size >= 1 << 20]
+            if partial:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        hub.throttle = None
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "org/chunky: interrupted; `mlxd pull org/chunky` resumes where it stopped" in err
+    assert out == ""
+
+    done = mlxd_pull(env, "org/chunky", config=config)
+    assert done.returncode == 0, done.stderr
+    last = hub.weight_gets()[-1]
+    assert last.path.startswith("/org/chunky/") and last.range is not None
+    resumed_at = int(last.range.removeprefix("bytes=").rstrip("-"))
+    assert resumed_at >= 1 << 20 and last.sent == len(weights) - resumed_at
+    assert (Path(done.stdout.strip()) / "model.safetensors").read_bytes() == weights
 
 
 def wait_ready_reason(c: httpx.Client, text: str) -> httpx.Response:
