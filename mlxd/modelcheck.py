@@ -41,7 +41,7 @@ def model_problems(model: ModelSettings, *, table: str = "model") -> list[tuple[
     if model.repo:  # not pulled yet is no config problem: the model is not ready until it is
         from mlxd.hub import repo_dir
 
-        found = repo_dir(model.repo, model.revision)
+        found = repo_dir(model.repo, model.repo_revision)
         if found is not None:
             problems += [(f"[{table}] repo", p) for p in _directory_problems(found)]
     template = model.chat_template

@@ -182,7 +182,7 @@ def describe(settings: Settings) -> list[str]:
         ]
         where = (
             entry.path
-            or (entry.repo and f"{entry.repo}@{entry.revision}")
+            or (entry.repo and f"{entry.repo}@{entry.repo_revision}")
             or ("built-in demo model")
         )
         line = f"  {model_id}: {where} ({', '.join(flags)})"

@@ -147,7 +147,9 @@ class ModelSettings(Section):
         'A Hugging Face repo ("org/name") read from the shared Hugging Face cache '
         "(get it with `mlxd pull org/name`); exclusive with path.",
     )
-    revision: Revision = _field("main", "swap", "The repo's branch, tag or commit (with repo).")
+    revision: Revision | None = _field(
+        None, "swap", "The repo's branch, tag or commit (with repo); unset: main."
+    )
     name: str | None = _field(
         None, "swap", "Model id clients send and /v1/models lists; default: the directory name."
     )
@@ -178,11 +180,16 @@ class ModelSettings(Section):
         "default: a config.json with a vision_config is a vision-language model.",
     )
 
+    @property
+    def repo_revision(self) -> str:
+        """``revision``, or the default branch."""
+        return self.revision or "main"
+
     @model_validator(mode="after")
     def _path_or_repo(self) -> ModelSettings:
         if self.path is not None and self.repo is not None:
             raise ValueError("give either path (a local directory) or repo (org/name), not both")
-        if self.repo is None and self.revision != "main":
+        if self.repo is None and self.revision is not None:
             raise ValueError("revision needs a repo")
         return self
 

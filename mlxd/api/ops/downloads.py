@@ -91,9 +91,9 @@ class DownloadService:
                 code="not_a_repo",
             )
         self._loop = asyncio.get_running_loop()
-        self._pulled.pop((entry.repo, entry.revision), None)
+        self._pulled.pop((entry.repo, entry.repo_revision), None)
         return self.jobs.start(
-            model_id, entry.repo, entry.revision, fit=self._fit_check(model_id), force=force
+            model_id, entry.repo, entry.repo_revision, fit=self._fit_check(model_id), force=force
         )
 
     def autostart(self) -> None:
@@ -102,7 +102,7 @@ class DownloadService:
         if not settings.server.downloads:
             return
         for model_id, entry in registry(settings).items():
-            if entry.repo is not None and not self.pulled(entry.repo, entry.revision):
+            if entry.repo is not None and not self.pulled(entry.repo, entry.repo_revision):
                 logger.info("[server] downloads: pulling %s for %s", entry.repo, model_id)
                 self.start(model_id, force=False)
 
@@ -113,7 +113,7 @@ class DownloadService:
         entry = registry(settings).get(model_id or "")
         if not settings.server.downloads or entry is None or entry.repo is None:
             return failed
-        if self.pulled(entry.repo, entry.revision):
+        if self.pulled(entry.repo, entry.repo_revision):
             return failed
         job, _ = self.start(model_id or "", force=False)
         if job["state"] != "running":

@@ -68,7 +68,7 @@ def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tupl
         from mlxd.hub import NotPulled, local_snapshot
 
         try:
-            path = local_snapshot(settings.repo, settings.revision)
+            path = local_snapshot(settings.repo, settings.repo_revision)
         except NotPulled as exc:
             raise ModelLoadError(str(exc)) from None
         return path, settings.name or settings.repo
@@ -220,7 +220,7 @@ def load_model(
     # override template (or an explicit parser) turns tool calling on.
     overrides: dict[str, Any] = {}
     template, parser = settings.chat_template, settings.tool_parser
-    if not settings.path and not template:
+    if not settings.path and not settings.repo and not template:
         # The demo model calls tools out of the box: its own template has none,
         # so every agent can be tried with no download (docs/agents.md).
         template, parser = "hermes-tools", parser or "json_tools"

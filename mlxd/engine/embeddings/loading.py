@@ -67,7 +67,7 @@ def check_model_dir(settings: ModelSettings) -> tuple[Path, dict[str, Any]]:
         from mlxd.hub import NotPulled, local_snapshot
 
         try:
-            path = local_snapshot(settings.repo, settings.revision)
+            path = local_snapshot(settings.repo, settings.repo_revision)
         except NotPulled as exc:
             raise ModelLoadError(str(exc)) from None
         return path, _read_config(path)

@@ -42,7 +42,7 @@ def estimate_weights(entry: ModelEntry) -> int:
     if entry.repo is not None:
         from mlxd.hub import repo_dir
 
-        found = repo_dir(entry.repo, entry.revision)
+        found = repo_dir(entry.repo, entry.repo_revision)
         return _files_bytes(found) if found is not None else 0
     if entry.path is None and entry.kind == "embedding":
         from mlxd.demo.embedding import ESTIMATED_BYTES, demo_embedding_dir

@@ -89,7 +89,7 @@ def model_state(slot: Slot, pool: PoolUsage, default: bool) -> ModelState:
         kind=slot.entry.kind,
         path=slot.entry.path,
         repo=slot.entry.repo,
-        revision=slot.entry.revision if slot.entry.repo else None,
+        revision=slot.entry.repo_revision if slot.entry.repo else None,
         aliases=tuple(slot.entry.aliases),
         state=slot.state,
         default=default,
