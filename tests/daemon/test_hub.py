@@ -210,6 +210,8 @@ def test_a_daemon_serves_a_pulled_repo_and_pulls_another_on_an_admins_word(hub, 
             models = {m["id"]: m for m in c.get("/stats").json()["fleet"]["models"]}
             assert models["tiny"]["pulled"] is True and models["later"]["pulled"] is False
             assert models["later"]["repo"] == "org/later"
+            # Its own chat template (ChatML, no tools), not the demo model's hermes-tools.
+            assert models["tiny"]["capabilities"]["tools"] is False
 
             started = c.post("/admin/models/later/pull")
             assert started.status_code == 202, started.text
