@@ -1,4 +1,5 @@
-"""Command line: ``mlxd serve``, ``reload``, ``status``, ``check-config``, ``demo-model``.
+"""Command line: ``mlxd serve``, ``reload``, ``status``, ``check-config``, ``demo-model``,
+``pull``.
 
 Nothing here imports MLX at module level: on Linux the BLAS library has to be
 chosen (possibly by re-executing the process once) before MLX is loaded.
@@ -92,6 +93,28 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("path", type=Path, nargs="?", help="the TOML config file to check")
     check.add_argument(
         "--config", type=Path, default=None, help="the TOML config file to check (as a flag)"
+    )
+
+    pull = sub.add_parser(
+        "pull",
+        help="download a model from the Hugging Face hub into its cache, after a fit check",
+        description="Download a model repo (org/name) into the shared Hugging Face cache "
+        "(HF_HOME, HF_HUB_CACHE, HF_ENDPOINT, HF_TOKEN apply). First the fit check: the "
+        "weights and the KV cache per token against the config's [memory] budget beside "
+        "the models it pins; a model that does not fit is refused before its weights are "
+        "fetched (--force downloads it anyway). Resumes an interrupted download; prints "
+        "the snapshot directory last.",
+    )
+    pull.add_argument("repo", help="the repo, org/name")
+    pull.add_argument("--revision", default="main", help="branch, tag or commit (default: main)")
+    pull.add_argument(
+        "--force", action="store_true", help="download even when the fit check says no"
+    )
+    pull.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the config to check the fit against (default: $MLXD_CONFIG, else defaults)",
     )
 
     demo = sub.add_parser(
@@ -234,6 +257,26 @@ def _serve(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _pull(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from mlxd.config.sections import ModelSettings
+
+    try:
+        ModelSettings(repo=args.repo, revision=args.revision)
+    except ValidationError as exc:
+        print(exc.errors()[0]["msg"].removeprefix("Value error, "), file=sys.stderr)
+        return 2
+    try:
+        settings = load_settings(_config_path(args))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from mlxd import pull
+
+    return pull.run(args, settings)
+
+
 def _control(args: argparse.Namespace) -> int:
     import json
 
@@ -275,4 +318,6 @@ def main(argv: list[str] | None = None) -> int:
         return _check_config(args)
     if args.command == "demo-model":
         return _demo_model(args)
+    if args.command == "pull":
+        return _pull(args)
     return _serve(args)

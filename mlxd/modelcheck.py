@@ -38,6 +38,12 @@ def model_problems(model: ModelSettings, *, table: str = "model") -> list[tuple[
     problems: list[tuple[str, str]] = []
     if model.path:
         problems += [(f"[{table}] path", p) for p in _directory_problems(Path(model.path))]
+    if model.repo:  # not pulled yet is no config problem: the model is not ready until it is
+        from mlxd.hub import repo_dir
+
+        found = repo_dir(model.repo, model.repo_revision)
+        if found is not None:
+            problems += [(f"[{table}] repo", p) for p in _directory_problems(found)]
     template = model.chat_template
     if template and "{{" not in template and "{%" not in template:
         file = Path(template).expanduser()
@@ -55,8 +61,8 @@ def _directory_problems(path: Path) -> list[str]:
     path = path.expanduser()
     if not path.is_dir():
         return [
-            f"{str(path)!r} is not a directory (mlxd loads local mlx-lm model directories "
-            "and never downloads)"
+            f"{str(path)!r} is not a directory (a local mlx-lm model directory; for a hub "
+            'model use repo = "org/name" and `mlxd pull org/name`)'
         ]
     config_file = path / "config.json"
     try:

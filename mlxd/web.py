@@ -17,8 +17,10 @@ from litestar.types import ControllerRouterHandler
 from mlxd.api.app import ERROR_ENVELOPES, api_route_handlers
 from mlxd.api.batches.service import BatchService
 from mlxd.api.http.errors import error_handlers
+from mlxd.api.ops.downloads import DownloadService
 from mlxd.api.state import AppState, provide_app_state
 from mlxd.dashboard.batch_actions import BatchActionsController
+from mlxd.dashboard.download_actions import DownloadActionsController
 from mlxd.dashboard.editor import EditorController
 from mlxd.dashboard.login import LoginController
 from mlxd.dashboard.model_actions import ModelActionsController
@@ -51,6 +53,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
         LoginController,  # /dashboard/login
         EditorController,  # /dashboard/config
         ModelActionsController,  # /dashboard/models
+        DownloadActionsController,  # /dashboard/downloads
         BatchActionsController,  # /dashboard/batches/cancel
         static,  # /static
     ]
@@ -86,4 +89,7 @@ def make_app(state: AppState) -> Litestar:
     app.state.mlxd = state
     # Started on the event loop by the server; it runs batch lines through ``app``.
     state.batches = BatchService(state, app)
+    # Hub downloads; with [server] downloads = true, missing repos are pulled at start.
+    state.downloads = DownloadService(state)
+    app.on_startup.append(state.downloads.autostart)
     return app

@@ -18,6 +18,7 @@ from mlxd.api.http.requestlog import request_log
 from mlxd.api.openai.embeddings import EmbeddingsController
 from mlxd.api.openai.routes import OpenAIController
 from mlxd.api.ops.admin import AdminController
+from mlxd.api.ops.downloads import DownloadsController
 from mlxd.api.ops.health import HealthController, root_probe
 from mlxd.api.ops.metrics import MetricsController
 from mlxd.api.ops.stats import StatsController
@@ -56,5 +57,6 @@ def api_route_handlers() -> list[ControllerRouterHandler]:
         StatsController,  # /stats
         MetricsController,  # /metrics
         AdminController,  # /admin/reload
+        DownloadsController,  # /admin/models/{id}/pull, /admin/downloads
         root_probe,  # HEAD /: 200 (Claude Code probes it)
     ]

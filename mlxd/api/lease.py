@@ -67,7 +67,11 @@ async def acquire(
     except FleetRefusal as exc:
         if release is not None:
             release()
-        raise OpenAIError.from_failed(exc.failed) from None
+        failed = exc.failed
+        if failed.code == "model_load_failed" and state.downloads is not None:
+            # [server] downloads = true: a repo not in the cache is pulled, not just refused.
+            failed = state.downloads.on_load_failed(resolve(state.settings, name, kind), failed)
+        raise OpenAIError.from_failed(failed) from None
     except BaseException:
         if release is not None:
             release()

@@ -60,6 +60,8 @@ class AppState:
         # The Batch API's BatchService (set by make_app, started by the server); None in
         # bare test apps. Typed loosely: mlxd.api.batches imports this module.
         self.batches: Any = None
+        # The hub download jobs (mlxd.api.ops.downloads.DownloadService, set by make_app).
+        self.downloads: Any = None
         # Each API key's rolling-minute counts; they outlive reloads, not restarts.
         self.quotas = Quotas()
 

@@ -120,7 +120,7 @@ def effective_toml(settings: Settings) -> str:
     for model_id, entry in data.get("models", {}).items():
         kind = entry.get("kind", "chat")
         entry["default"] = model_id == default_id(settings, kind)
-        if entry.get("path") or kind != "chat":
+        if entry.get("path") or entry.get("repo") or kind != "chat":
             entry.pop("demo_dtype", None)
     return tomli_w.dumps(data)
 

@@ -33,6 +33,8 @@ def single_id(model: ModelSettings) -> str:
         return model.name
     if model.path:
         return Path(model.path).expanduser().resolve().name
+    if model.repo:
+        return model.repo
     return DEMO_MODEL_ID
 
 
@@ -178,7 +180,11 @@ def describe(settings: Settings) -> list[str]:
             for name in OVERRIDABLE
             for key, value in getattr(entry, name).model_dump(exclude_none=True).items()
         ]
-        where = entry.path or "built-in demo model"
+        where = (
+            entry.path
+            or (entry.repo and f"{entry.repo}@{entry.repo_revision}")
+            or ("built-in demo model")
+        )
         line = f"  {model_id}: {where} ({', '.join(flags)})"
         if entry.aliases:
             line += f"; aliases {', '.join(entry.aliases)}"

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from mlxd.config.repo import RepoId, Revision
 from mlxd.config.units import Bytes, KvBudget
 
 Reload = Literal["live", "swap", "restart"]
@@ -112,6 +113,9 @@ class ServerSettings(Section):
         "Fetch http(s) image URLs named in requests (off: images come inline as base64). "
         "A server-side request forgery risk: see docs/api.md#images.",
     )
+    downloads: bool = _field(
+        False, "live", "Pull configured repos missing from the Hugging Face cache at start."
+    )
     state_dir: str | None = _field(
         None,
         "restart",
@@ -136,6 +140,15 @@ class ServerSettings(Section):
 class ModelSettings(Section):
     path: str | None = _field(
         None, "swap", "Local mlx-lm model directory; unset serves the built-in demo model."
+    )
+    repo: RepoId | None = _field(
+        None,
+        "swap",
+        'A Hugging Face repo ("org/name") read from the shared Hugging Face cache '
+        "(get it with `mlxd pull org/name`); exclusive with path.",
+    )
+    revision: Revision | None = _field(
+        None, "swap", "The repo's branch, tag or commit (with repo); unset: main."
     )
     name: str | None = _field(
         None, "swap", "Model id clients send and /v1/models lists; default: the directory name."
@@ -166,6 +179,19 @@ class ModelSettings(Section):
         "Load through mlx-vlm and take images (true), or as text only (false); "
         "default: a config.json with a vision_config is a vision-language model.",
     )
+
+    @property
+    def repo_revision(self) -> str:
+        """``revision``, or the default branch."""
+        return self.revision or "main"
+
+    @model_validator(mode="after")
+    def _path_or_repo(self) -> ModelSettings:
+        if self.path is not None and self.repo is not None:
+            raise ValueError("give either path (a local directory) or repo (org/name), not both")
+        if self.repo is None and self.revision is not None:
+            raise ValueError("revision needs a repo")
+        return self
 
 
 class BatchSettings(Section):

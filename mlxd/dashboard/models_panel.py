@@ -46,6 +46,8 @@ EVENT_TITLES = {
 }
 
 EVENTS_SHOWN = 12
+# A finished download's row stays this long (one that failed or stopped stays).
+DONE_SHOWN_S = 60.0
 
 
 def _n(value: Any) -> int:
@@ -81,13 +83,57 @@ def _segments(model_id: str, held: dict[str, int], budget: int) -> list[Formatte
     ]
 
 
+def _download(m: dict[str, Any], now: float) -> Formatted | None:
+    """A repo model's latest download job, for people (None: none, or done a while ago)."""
+    job = m.get("download")
+    if not job:
+        return None
+    if job["state"] == "done" and now - float(job.get("finished_at") or 0) > DONE_SHOWN_S:
+        return None
+    total, done = int(job["bytes_total"] or 0), int(job["bytes_done"] or 0)
+    running = job["state"] == "running"
+    pct = min(100, 100 * done // total) if total else 0
+    if running and job["phase"] == "checking":
+        detail = "checking the fit"
+    else:
+        detail = f"{human_bytes(done)} of {human_bytes(total)} ({pct}%)"
+        if running and job.get("speed"):
+            detail += f", {human_bytes(job['speed'])}/s"
+        if running and job.get("eta") is not None:
+            detail += f", {duration(job['eta'])} left"
+    return {
+        "id": job["id"],
+        "state": job["state"],
+        "running": running,
+        "pct": pct,
+        "detail": detail,
+        "fit": job.get("fit"),
+        "fits": job.get("fits"),
+        "error": job.get("error"),
+        "resumable": bool(job.get("resumable")),
+    }
+
+
+def _download_actions(m: dict[str, Any]) -> Formatted:
+    """A repo not in the cache: Download (its fit is checked first), or Cancel while it runs."""
+    job = m.get("download") or {}
+    running = job.get("state") == "running"
+    missing = bool(m.get("repo")) and m.get("pulled") is False
+    return {
+        "download": missing and not running,
+        "force": missing and not running and job.get("fits") is False,
+        "cancel": running,
+    }
+
+
 def _actions(m: dict[str, Any]) -> Formatted:
     state = m["state"]
     return {
-        "load": state in ("unloaded", "failed"),
+        # A repo not in the cache cannot load: Download is its button.
+        "load": state in ("unloaded", "failed") and m.get("pulled") is not False,
         # A pinned model must be unpinned first (the fleet refuses otherwise).
         "unload": state == "loaded" and not m["pinned"],
-        "pin": not m["pinned"],
+        "pin": not m["pinned"] and m.get("pulled") is not False,
         "unpin": bool(m["pinned"]),
     }
 
@@ -129,6 +175,11 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
         "stalled": engine.get("stalled_reason"),
         "tools": caps.get("tools"),
         "actions": _actions(m),
+        "repo": m.get("repo"),
+        "revision": m.get("revision"),
+        "pulled": m.get("pulled"),
+        "download": _download(m, now),
+        "download_actions": _download_actions(m),
     }
 
 

@@ -132,9 +132,13 @@ def test_stats_schema_and_counts_under_load(daemon: Daemon) -> None:
     assert after["reloads"] and after["reloads"][0]["trigger"] == "SIGHUP"
     assert after["rows"] == [] and after["pending"] == []
     # An open batch's fields are seen by tests/http/test_batches.py, which runs batches;
-    # API keys and preemptions need a daemon with keys: tests/http/test_priority.py sees them.
+    # API keys and preemptions need a daemon with keys: tests/http/test_priority.py sees them;
+    # a repo model's download job needs a hub: tests/daemon/test_hub.py sees it.
     elsewhere = {
-        f for f in fields if f.startswith(("batches.batches[]", "keys[].", "preemptions[]."))
+        f
+        for f in fields
+        if f.startswith(("batches.batches[]", "keys[].", "preemptions[].", "downloads[]."))
+        or f == "fleet.models[].download"
     }
     missing = set(fields) - seen - elsewhere
     assert not missing, f"documented but never seen in /stats: {sorted(missing)}"

@@ -73,16 +73,17 @@ def tools_config(template: str) -> dict[str, Any]:
 
 
 def uses_demo_model(config: str) -> bool:
-    """Whether a config serves the demo chat model (a chat model without a ``path``;
-    the demo embedding model loads in a second and does not count)."""
+    """Whether a config serves the demo chat model (a chat model without a ``path`` or a
+    ``repo``; the demo embedding model loads in a second and does not count)."""
     data = parse_toml(config, "<test config>")
     models = data.get("models")
     if isinstance(models, dict) and models:
         return any(
-            not entry.get("path") and entry.get("kind", "chat") == "chat"
+            not entry.get("path") and not entry.get("repo") and entry.get("kind", "chat") == "chat"
             for entry in models.values()
         )
-    return not data.get("model", {}).get("path")
+    model = data.get("model", {})
+    return not model.get("path") and not model.get("repo")
 
 
 @dataclass(frozen=True)

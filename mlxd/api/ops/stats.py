@@ -76,6 +76,8 @@ def fleet_stats(state: AppState, *, admin: bool) -> dict[str, Any]:
         if prompt_cache is not None:
             found = snapshot.lookups if snapshot is not None else ()
             prompt_cache["lookups"] = lookups_json(found, admin=admin)
+    if state.downloads is not None:
+        state.downloads.annotate(fleet.get("models", []))
     return fleet
 
 

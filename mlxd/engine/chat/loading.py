@@ -64,13 +64,21 @@ class LoadedModel:
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
     """The directory to load and the model id to serve it under."""
+    if settings.repo:
+        from mlxd.hub import NotPulled, local_snapshot
+
+        try:
+            path = local_snapshot(settings.repo, settings.repo_revision)
+        except NotPulled as exc:
+            raise ModelLoadError(str(exc)) from None
+        return path, settings.name or settings.repo
     if settings.path:
         path = Path(settings.path).expanduser()
         if not path.is_dir():
             raise ModelLoadError(
-                f"model path {str(path)!r} is not a directory. mlxd loads local mlx-lm "
-                "model directories only (it never downloads): convert or download the "
-                "model first, e.g. `mlx_lm.convert --hf-path ORG/NAME --mlx-path DIR`."
+                f"model path {str(path)!r} is not a directory. Give a local mlx-lm model "
+                'directory, or the hub repo instead: repo = "org/name", fetched with '
+                "`mlxd pull org/name`."
             )
         if not (path / "config.json").is_file():
             raise ModelLoadError(
@@ -212,7 +220,7 @@ def load_model(
     # override template (or an explicit parser) turns tool calling on.
     overrides: dict[str, Any] = {}
     template, parser = settings.chat_template, settings.tool_parser
-    if not settings.path and not template:
+    if not settings.path and not settings.repo and not template:
         # The demo model calls tools out of the box: its own template has none,
         # so every agent can be tried with no download (docs/agents.md).
         template, parser = "hermes-tools", parser or "json_tools"

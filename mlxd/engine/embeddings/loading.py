@@ -63,6 +63,14 @@ def check_model_dir(settings: ModelSettings) -> tuple[Path, dict[str, Any]]:
     ``mlx_embeddings.load`` downloads from the Hugging Face hub when a path does
     not exist: mlxd never lets it, a missing directory is a load error.
     """
+    if settings.repo:
+        from mlxd.hub import NotPulled, local_snapshot
+
+        try:
+            path = local_snapshot(settings.repo, settings.repo_revision)
+        except NotPulled as exc:
+            raise ModelLoadError(str(exc)) from None
+        return path, _read_config(path)
     if not settings.path:  # the built-in demo embedding model (mlxd.demo.embedding)
         from mlxd.demo import DemoModelUnavailable
         from mlxd.demo.embedding import prepare_demo_embedding

@@ -1,4 +1,5 @@
-"""The admin actions on one model (``/admin/models``, the dashboard): load, unload, pin.
+"""The admin actions on one model (``/admin/models``, the dashboard): load, unload, pin;
+a model whose download finished.
 
 Each acts on a configured id (not an alias), waits for what it started, and
 answers with the model's row as the views show it. Refusals are
@@ -60,3 +61,15 @@ class Admin:
             self._loads.spawn(slot)
         self._slots.notify()
         return state_of(self._slots, slot)
+
+    def downloaded(self, model_id: str) -> None:
+        """A download job brought ``model_id``'s files: forget its failed load (the missing
+        files); a pinned model loads now, any other on its next request."""
+        slot = self._slots.by_id.get(model_id)
+        if slot is None or slot.removed:
+            return
+        if slot.state == "failed":
+            slot.state, slot.error, slot.failed_at = "unloaded", None, 0.0
+        if slot.pinned and slot.state == "unloaded":
+            self._loads.spawn(slot)
+        self._slots.notify()

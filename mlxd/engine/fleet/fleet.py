@@ -183,6 +183,10 @@ class Fleet:
     async def pin(self, model_id: str, on: bool) -> ModelState:
         return self._admin.pin(model_id, on)
 
+    def downloaded(self, model_id: str) -> None:
+        """``model_id``'s files arrived (a download job): load it as configured."""
+        self._admin.downloaded(model_id)
+
     # ------------------------------------------------------------ views
 
     def status(self) -> FleetStatus:

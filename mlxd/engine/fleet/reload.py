@@ -24,7 +24,9 @@ from mlxd.engine.fleet.unloading import Unloads
 from mlxd.engine.fleet.values import FleetApplied
 
 # Keys of an entry whose change needs the model loaded again.
-_SWAP_KEYS = ("path", "chat_template", "tool_parser", "max_context", "demo_dtype", "kind")
+_SWAP_KEYS = (
+    "path", "repo", "revision", "chat_template", "tool_parser", "max_context", "demo_dtype", "kind"
+)  # fmt: skip
 
 
 class RegistryReload:

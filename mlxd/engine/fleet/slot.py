@@ -39,6 +39,11 @@ def budget_bytes(settings: Settings, device_bytes: int) -> int:
 
 def estimate_weights(entry: ModelEntry) -> int:
     """The weights' bytes before loading: the size of the safetensors files."""
+    if entry.repo is not None:
+        from mlxd.hub import repo_dir
+
+        found = repo_dir(entry.repo, entry.repo_revision)
+        return _files_bytes(found) if found is not None else 0
     if entry.path is None and entry.kind == "embedding":
         from mlxd.demo.embedding import ESTIMATED_BYTES, demo_embedding_dir
 

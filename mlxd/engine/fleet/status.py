@@ -88,6 +88,8 @@ def model_state(slot: Slot, pool: PoolUsage, default: bool) -> ModelState:
         id=slot.id,
         kind=slot.entry.kind,
         path=slot.entry.path,
+        repo=slot.entry.repo,
+        revision=slot.entry.repo_revision if slot.entry.repo else None,
         aliases=tuple(slot.entry.aliases),
         state=slot.state,
         default=default,

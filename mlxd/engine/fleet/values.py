@@ -85,6 +85,9 @@ class ModelState:
     capabilities: dict[str, Any]
     # The engine's own numbers (rows, queue, tokens) when loaded; {} otherwise.
     engine: dict[str, Any]
+    # A repo entry's Hugging Face repo and revision (None for a path or the demo).
+    repo: str | None = None
+    revision: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
