@@ -184,6 +184,13 @@ class BatchSettings(Section):
     prefill_step_size: int = _field(
         512, "live", "Prompt tokens per prefill chunk (a decode step runs between chunks).", ge=16
     )
+    prefill_step_seconds: float = _field(
+        0.25,
+        "live",
+        "Seconds one batch step may spend prefilling: chunks shrink below prefill_step_size "
+        "to fit, so decoding rows, cached joiners and cancels wait no longer; 0: tokens only.",
+        ge=0,
+    )
     kv_budget: KvBudget = _field(
         "auto",
         "live",

@@ -301,7 +301,8 @@ class EngineCore:
         if self.batch is not None:
             for row in list(self.batch.rows.values()):
                 if row.id == request_id:
-                    kept = self.batch.remove([row], return_caches=row.first_token_mono is None)
+                    keep = row.first_token_mono is None and self.hooks.checkpoints
+                    kept = self.batch.remove([row], return_caches=keep)
                     cache, tokens = kept.get(row.uid or 0, (None, None))
                     self.keep_prefill(row, tokens, cache)
                     self.cancelled(row)
