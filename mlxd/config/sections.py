@@ -251,6 +251,13 @@ class PromptCacheSettings(Section):
     disk_max_bytes: Bytes = _field(
         "16GiB", "live", "Byte cap of the disk tier's directory (least recently used go first)."
     )
+    disk_write_delay: float = _field(
+        5.0,
+        "live",
+        "Seconds a prompt's end (or a finished row that can be cut back) stays in RAM, not "
+        "replaced by a longer one, before it is written through to disk (a crash keeps it).",
+        ge=0,
+    )
     volatile_rules: list[VolatileRule] = _field(
         ["claude_billing_header"],
         "live",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import struct
 import time
 from collections import namedtuple
@@ -25,7 +26,14 @@ from mlx_lm.generate import stream_generate
 from mlxd.config import load_settings
 from mlxd.engine.chat.disk_writer import read_metadata
 from mlxd.engine.messages import Finished
-from tests.support.engine import consume, run_all, running_engine, settled, token_request
+from tests.support.engine import (
+    consume,
+    run_all,
+    running_engine,
+    settled,
+    token_request,
+    wait_for,
+)
 
 MAX_TOKENS = 8
 
@@ -242,3 +250,25 @@ def test_entries_survive_an_unload_and_a_swap_back_and_forth(tmp_path, tiny_mode
     assert state.disk_corrupt == 0
     # Each model has its own directory under the same disk_dir.
     assert len({p.parent for p in files(tmp_path / "cache")}) == 2
+
+
+def test_entries_are_written_through_so_a_crash_keeps_them(tmp_path, tiny_models, tiny_loaded):
+    model, tokenizer = tiny_loaded("qwen3_5")
+    first = prompt(tokenizer, 260)
+    turn2 = [*first, 50, 51, 52, 53]
+    keys = disk(tmp_path, disk_write_delay=0.2)
+    crashed = tmp_path / "crashed"
+    with running_engine(tiny_models("qwen3_5"), prompt_cache=keys) as engine:
+        (warm,) = run_all(engine, [token_request("a", first, MAX_TOKENS)])
+        # Written while the engine runs: what a kill -9 (or a power cut) leaves on disk.
+        written = wait_for(lambda: files(tmp_path / "cache"), timeout=10)
+        shutil.copytree(tmp_path / "cache", crashed)
+    assert warm.ok and [read_metadata(p)[0]["0.kind"] for p in written] == ["user"]
+    with running_engine(
+        tiny_models("qwen3_5"), prompt_cache={**keys, "disk_dir": str(crashed)}
+    ) as engine:
+        (out,) = run_all(engine, [token_request("b", turn2, MAX_TOKENS)])
+    assert isinstance(out.end, Finished)
+    assert out.end.lookup is not None and out.end.lookup.source == "disk"
+    assert out.end.usage.cached_tokens == len(first) - 1
+    assert out.tokens == cold(model, tokenizer, turn2)
