@@ -13,6 +13,9 @@ docs/design.md, "The prompt cache"). The job, and with it the arrays, goes
 back to the engine thread, which drops the last reference: arrays are freed
 on the thread that made them.
 
+Every file carries a checksum of its tensor bytes in its metadata
+(:mod:`.disk_checksum`): the writer saves it with a placeholder, then seals it.
+
 Every write goes to a unique dot-named temp file, is fsynced, then renamed
 into place, so a reader (this daemon or another one sharing the directory)
 sees a whole file or none. After each write the directory is brought back
@@ -38,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxd.engine.chat.disk_checksum import CHECKSUM, PLACEHOLDER, CorruptEntry, seal
+
 logger = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
@@ -47,10 +52,6 @@ _HEADER_MAX = 64 * 2**20
 _STALE_TEMP_S = 3600.0
 # Errors that will not go away by retrying: the tier turns itself off.
 _FATAL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-class CorruptEntry(Exception):
-    """A file that is not a whole, readable prompt-cache entry."""
 
 
 def read_metadata(path: Path) -> tuple[dict[str, str], int]:
@@ -274,9 +275,12 @@ class DiskWriter:
                 return
             _check_room(job.directory, job.nbytes)
             # Entries hold prompts (their token ids): readable by this user only.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                save_prompt_cache(f, job.cache, job.metadata)  # type: ignore[arg-type]
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w+b") as f:
+                metadata = {**job.metadata, CHECKSUM: PLACEHOLDER}
+                save_prompt_cache(f, job.cache, metadata)  # type: ignore[arg-type]
+                f.flush()
+                seal(f)
                 f.flush()
                 os.fsync(f.fileno())
             job.written_bytes = tmp.stat().st_size
