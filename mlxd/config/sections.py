@@ -81,6 +81,13 @@ class ServerSettings(Section):
     shutdown_timeout: float = _field(
         30.0, "live", "Seconds in-flight requests may take to finish after SIGTERM.", ge=0
     )
+    engine_start_timeout: float = _field(
+        600.0,
+        "live",
+        "Seconds a chat engine may take to start (load its model, open its prompt cache) "
+        "before it shows failed: /ready says why, requests get 503 until it finishes; 0: no limit.",
+        ge=0,
+    )
     log_level: Literal["debug", "info", "warning", "error"] = _field(
         "info", "live", "Log level of the daemon (the --log-level flag wins)."
     )

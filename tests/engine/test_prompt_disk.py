@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import struct
 import time
@@ -310,3 +311,25 @@ def test_a_garbled_payload_is_a_warning_and_a_miss_then_a_rewrite(
     verify_payload(rewritten, read_metadata(rewritten)[0]["0.payload_blake2b"])
     with pytest.raises(CorruptEntry, match="no checksum"):
         verify_payload(rewritten, None)
+
+
+def test_a_fifo_or_a_symlink_named_like_an_entry_does_not_delay_the_start(tmp_path, tiny_models):
+    keys = disk(tmp_path)
+    with running_engine(tiny_models("llama"), prompt_cache=keys) as engine:
+        assert engine.snapshot().prompt_cache.disk_state == "on"
+    (model_dir,) = (tmp_path / "cache").iterdir()
+    os.mkfifo(model_dir / ("a" * 40 + ".safetensors"))  # a plain open() would wait for a writer
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(b"not ours")
+    (model_dir / ("b" * 40 + ".safetensors")).symlink_to(outside)
+    started = time.monotonic()
+    with running_engine(tiny_models("llama"), prompt_cache=keys) as engine:
+        state = engine.snapshot().prompt_cache
+        (out,) = run_all(engine, [token_request("a", list(range(20, 60)), 2)])
+    assert time.monotonic() - started < 30 and out.ok
+    assert state.disk_state == "on" and state.disk_entries == 0 and state.disk_corrupt == 0
+    assert outside.read_bytes() == b"not ours"  # left alone
+    with pytest.raises(CorruptEntry, match="not a regular file"):
+        read_metadata(model_dir / ("a" * 40 + ".safetensors"))
+    with pytest.raises(CorruptEntry, match="symbolic link"):
+        read_metadata(model_dir / ("b" * 40 + ".safetensors"))

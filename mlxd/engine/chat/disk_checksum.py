@@ -12,7 +12,10 @@ The header itself is checked by its parser and by the file's size.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,27 @@ from typing import Any
 
 class CorruptEntry(Exception):
     """A file that is not a whole, readable prompt-cache entry."""
+
+
+def open_regular(path: Path) -> Any:
+    """``path`` opened for reading if it is a regular file (never blocks, never follows a link).
+
+    A FIFO, a device or a symlink named like an entry would hang a plain
+    ``open`` (a FIFO without a writer) or lead out of the folder: opened
+    with ``O_NONBLOCK | O_NOFOLLOW`` and checked with ``fstat``, it is a
+    :class:`CorruptEntry` instead.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise CorruptEntry("a symbolic link, not a file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptEntry("not a regular file")
+    return os.fdopen(fd, "rb", buffering=0)
 
 
 # The payload checksum's metadata key (under save_prompt_cache's "0." prefix), its size.
@@ -56,7 +80,7 @@ def verify_payload(path: Path, expected: str | None) -> None:
     """
     if not expected or len(expected) != 2 * _DIGEST_BYTES or expected == PLACEHOLDER:
         raise CorruptEntry("no checksum of its tensor bytes")
-    with path.open("rb", buffering=0) as f:
+    with open_regular(path) as f:
         found = _payload_digest(f, 8 + _header_length(f))
     if found != expected:
         raise CorruptEntry(f"its tensor bytes do not match their checksum ({found} != {expected})")

@@ -33,6 +33,7 @@ import logging
 import os
 import queue
 import shutil
+import stat
 import struct
 import threading
 import time
@@ -41,7 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxd.engine.chat.disk_checksum import CHECKSUM, PLACEHOLDER, CorruptEntry, seal
+from mlxd.engine.chat.disk_checksum import (
+    CHECKSUM,
+    PLACEHOLDER,
+    CorruptEntry,
+    open_regular,
+    seal,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +69,7 @@ def read_metadata(path: Path) -> tuple[dict[str, str], int]:
             longer than the header says (truncated, or not ours).
         OSError: the file cannot be read (it may have just been evicted).
     """
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) != 8:
@@ -104,10 +111,17 @@ def remove_quietly(path: Path) -> bool:
 
 
 def entry_files(directory: Path) -> list[os.DirEntry[str]]:
-    """The entry files of one model's directory (temp files are dot-named and skipped)."""
+    """The entry files of one model's directory: regular files only (no FIFO, device or
+    symlink, which could hang a read or lead out of the folder); temp files are dot-named."""
     try:
         with os.scandir(directory) as it:
-            return [e for e in it if e.name.endswith(SUFFIX) and not e.name.startswith(".")]
+            return [
+                e
+                for e in it
+                if e.name.endswith(SUFFIX)
+                and not e.name.startswith(".")
+                and e.is_file(follow_symlinks=False)
+            ]
     except FileNotFoundError:
         return []
 
@@ -134,7 +148,7 @@ def usage(root: Path, now: float | None = None) -> list[tuple[float, int, Path]]
             if e.name.startswith("."):
                 if now - st.st_mtime > _STALE_TEMP_S:
                     remove_quietly(Path(e.path))
-            elif e.name.endswith(SUFFIX):
+            elif e.name.endswith(SUFFIX) and stat.S_ISREG(st.st_mode):
                 found.append((st.st_mtime, st.st_size, Path(e.path)))
     return found
 
