@@ -82,6 +82,13 @@ class ServerSettings(Section):
     shutdown_timeout: float = _field(
         30.0, "live", "Seconds in-flight requests may take to finish after SIGTERM.", ge=0
     )
+    engine_start_timeout: float = _field(
+        600.0,
+        "live",
+        "Seconds a chat engine may take to start (load its model, open its prompt cache) "
+        "before it shows failed: /ready says why, requests get 503 until it finishes; 0: no limit.",
+        ge=0,
+    )
     log_level: Literal["debug", "info", "warning", "error"] = _field(
         "info", "live", "Log level of the daemon (the --log-level flag wins)."
     )
@@ -210,6 +217,13 @@ class BatchSettings(Section):
     prefill_step_size: int = _field(
         512, "live", "Prompt tokens per prefill chunk (a decode step runs between chunks).", ge=16
     )
+    prefill_step_seconds: float = _field(
+        0.25,
+        "live",
+        "Seconds one batch step may spend prefilling: chunks shrink below prefill_step_size "
+        "to fit, so decoding rows, cached joiners and cancels wait no longer; 0: tokens only.",
+        ge=0,
+    )
     kv_budget: KvBudget = _field(
         "auto",
         "live",
@@ -269,6 +283,13 @@ class PromptCacheSettings(Section):
     )
     disk_max_bytes: Bytes = _field(
         "16GiB", "live", "Byte cap of the disk tier's directory (least recently used go first)."
+    )
+    disk_write_delay: float = _field(
+        5.0,
+        "live",
+        "Seconds a prompt's end (or a finished row that can be cut back) stays in RAM, not "
+        "replaced by a longer one, before it is written through to disk (a crash keeps it).",
+        ge=0,
     )
     volatile_rules: list[VolatileRule] = _field(
         ["claude_billing_header"],

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import struct
 import time
 from collections import namedtuple
@@ -23,9 +25,17 @@ import pytest
 from mlx_lm.generate import stream_generate
 
 from mlxd.config import load_settings
+from mlxd.engine.chat.disk_checksum import CorruptEntry, verify_payload
 from mlxd.engine.chat.disk_writer import read_metadata
 from mlxd.engine.messages import Finished
-from tests.support.engine import consume, run_all, running_engine, settled, token_request
+from tests.support.engine import (
+    consume,
+    run_all,
+    running_engine,
+    settled,
+    token_request,
+    wait_for,
+)
 
 MAX_TOKENS = 8
 
@@ -242,3 +252,84 @@ def test_entries_survive_an_unload_and_a_swap_back_and_forth(tmp_path, tiny_mode
     assert state.disk_corrupt == 0
     # Each model has its own directory under the same disk_dir.
     assert len({p.parent for p in files(tmp_path / "cache")}) == 2
+
+
+def test_entries_are_written_through_so_a_crash_keeps_them(tmp_path, tiny_models, tiny_loaded):
+    model, tokenizer = tiny_loaded("qwen3_5")
+    first = prompt(tokenizer, 260)
+    turn2 = [*first, 50, 51, 52, 53]
+    keys = disk(tmp_path, disk_write_delay=0.2)
+    crashed = tmp_path / "crashed"
+    with running_engine(tiny_models("qwen3_5"), prompt_cache=keys) as engine:
+        (warm,) = run_all(engine, [token_request("a", first, MAX_TOKENS)])
+        # Written while the engine runs: what a kill -9 (or a power cut) leaves on disk.
+        written = wait_for(lambda: files(tmp_path / "cache"), timeout=10)
+        shutil.copytree(tmp_path / "cache", crashed)
+    assert warm.ok and [read_metadata(p)[0]["0.kind"] for p in written] == ["user"]
+    with running_engine(
+        tiny_models("qwen3_5"), prompt_cache={**keys, "disk_dir": str(crashed)}
+    ) as engine:
+        (out,) = run_all(engine, [token_request("b", turn2, MAX_TOKENS)])
+    assert isinstance(out.end, Finished)
+    assert out.end.lookup is not None and out.end.lookup.source == "disk"
+    assert out.end.usage.cached_tokens == len(first) - 1
+    assert out.tokens == cold(model, tokenizer, turn2)
+
+
+def test_a_garbled_payload_is_a_warning_and_a_miss_then_a_rewrite(
+    tmp_path, tiny_models, tiny_loaded, caplog
+):
+    model, tokenizer = tiny_loaded("qwen3_5")
+    first = prompt(tokenizer, 200)
+    turn2 = [*first, 50, 51, 52, 53]
+    with running_engine(tiny_models("qwen3_5"), prompt_cache=disk(tmp_path)) as engine:
+        assert run_all(engine, [token_request("a", first, MAX_TOKENS)])[0].ok
+    (entry,) = files(tmp_path / "cache")
+    metadata, _ = read_metadata(entry)
+    assert len(metadata["0.payload_blake2b"]) == 32
+    verify_payload(entry, metadata["0.payload_blake2b"])
+    # The header intact, bytes flipped in the tensors: it still loads, and would answer wrong.
+    data = bytearray(entry.read_bytes())
+    (n,) = struct.unpack("<Q", data[:8])
+    for i in range(8 + n + 64, len(data), 997):
+        data[i] ^= 0x5A
+    entry.write_bytes(bytes(data))
+    caplog.set_level(logging.WARNING, logger="mlxd.engine.chat.prompt_disk")
+    with running_engine(tiny_models("qwen3_5"), prompt_cache=disk(tmp_path)) as engine:
+        assert engine.snapshot().prompt_cache.disk_entries == 1  # the header reads fine
+        (out,) = run_all(engine, [token_request("b", turn2, MAX_TOKENS)])
+        state = settled(engine).prompt_cache
+    assert isinstance(out.end, Finished) and out.end.lookup is not None
+    assert out.end.lookup.source == "none" and out.end.usage.cached_tokens == 0
+    assert out.tokens == cold(model, tokenizer, turn2)
+    assert state.disk_corrupt == 1 and state.disk_hits == 0
+    (warning,) = [r for r in caplog.records if "dropping the prompt-cache file" in r.getMessage()]
+    assert "checksum" in warning.getMessage()
+    # Prefilled again, the prompt is on disk again, whole (up to turn 2's end this time).
+    (rewritten,) = files(tmp_path / "cache")
+    assert read_metadata(rewritten)[0]["0.n_tokens"] == str(len(turn2) - 1)
+    verify_payload(rewritten, read_metadata(rewritten)[0]["0.payload_blake2b"])
+    with pytest.raises(CorruptEntry, match="no checksum"):
+        verify_payload(rewritten, None)
+
+
+def test_a_fifo_or_a_symlink_named_like_an_entry_does_not_delay_the_start(tmp_path, tiny_models):
+    keys = disk(tmp_path)
+    with running_engine(tiny_models("llama"), prompt_cache=keys) as engine:
+        assert engine.snapshot().prompt_cache.disk_state == "on"
+    (model_dir,) = (tmp_path / "cache").iterdir()
+    os.mkfifo(model_dir / ("a" * 40 + ".safetensors"))  # a plain open() would wait for a writer
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(b"not ours")
+    (model_dir / ("b" * 40 + ".safetensors")).symlink_to(outside)
+    started = time.monotonic()
+    with running_engine(tiny_models("llama"), prompt_cache=keys) as engine:
+        state = engine.snapshot().prompt_cache
+        (out,) = run_all(engine, [token_request("a", list(range(20, 60)), 2)])
+    assert time.monotonic() - started < 30 and out.ok
+    assert state.disk_state == "on" and state.disk_entries == 0 and state.disk_corrupt == 0
+    assert outside.read_bytes() == b"not ours"  # left alone
+    with pytest.raises(CorruptEntry, match="not a regular file"):
+        read_metadata(model_dir / ("a" * 40 + ".safetensors"))
+    with pytest.raises(CorruptEntry, match="symbolic link"):
+        read_metadata(model_dir / ("b" * 40 + ".safetensors"))

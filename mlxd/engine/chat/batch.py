@@ -19,6 +19,7 @@ from mlxd.config import BatchSettings
 from mlxd.engine.chat.checkpoints import segments
 from mlxd.engine.chat.kv_caches import normalize
 from mlxd.engine.chat.loading import LoadedModel
+from mlxd.engine.chat.prefill_pace import PrefillPace
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.sampling import (
     build_processors,
@@ -54,9 +55,19 @@ class Checkpoint:
 class BatchLane:
     """The rows mlxd admitted to the batch, and the generator that steps them."""
 
-    def __init__(self, loaded: LoadedModel, settings: BatchSettings, *, faults: bool = False):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        settings: BatchSettings,
+        *,
+        faults: bool = False,
+        paced: bool = True,
+    ):
         self._loaded = loaded
         self._faults = faults
+        # Chunks sized by time (not in a cluster: every rank must cut the prompt alike).
+        self._paced = paced
+        self._pace = PrefillPace(settings.prefill_step_size, self._seconds(settings))
         self._gen = self._make_generator(settings)
         self.rows: dict[int, Row] = {}
         # The checkpoints the last step took (the engine stores them).
@@ -71,7 +82,7 @@ class BatchLane:
             stop_tokens=[[t] for t in eos],
             completion_batch_size=settings.size,
             prefill_batch_size=settings.prompt_concurrency,
-            prefill_step_size=settings.prefill_step_size,
+            prefill_step_size=self._pace.chunk(),
         )
         # Each prefill chunk grows the prompt batch from its position, not from spare
         # capacity left behind by rows that moved on (see mlxd.engine.chat.kv_caches).
@@ -90,8 +101,17 @@ class BatchLane:
         gen = self._gen
         gen.prefill_batch_size = settings.prompt_concurrency
         gen.completion_batch_size = max(settings.size, settings.prompt_concurrency)
-        gen.prefill_step_size = settings.prefill_step_size
-        gen._prompt_batch.prefill_step_size = settings.prefill_step_size
+        self._pace.most, self._pace.seconds = settings.prefill_step_size, self._seconds(settings)
+        self._set_chunk()
+
+    def _seconds(self, settings: BatchSettings) -> float:
+        return settings.prefill_step_seconds if self._paced else 0.0
+
+    def _set_chunk(self) -> None:
+        """The next step's prefill chunk (:class:`~mlxd.engine.chat.prefill_pace.PrefillPace`)."""
+        chunk = self._pace.chunk()
+        self._gen.prefill_step_size = chunk
+        self._gen._prompt_batch.prefill_step_size = chunk
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -139,17 +159,23 @@ class BatchLane:
 
     def step(self) -> list[TokenOut]:
         """One generator step: a decode step for running rows, a prefill chunk for joiners."""
-        prompt_responses, gen_responses = self._gen.next()
+        with self._gen.stats() as stats:
+            prompt_responses, gen_responses = self._gen.next()
         marks = []
+        width = 0
         for r in prompt_responses:
             row = self.rows.get(r.uid)
             if row is not None and row.first_token_mono is None:
+                width = max(width, r.progress[0] - row.prefill_done)
                 row.phase = "prefill"
                 row.prefill_done = r.progress[0]
                 reached = len(row.prompt) - row.prefill_total + r.progress[0]
                 if r.end_of_segment and row.checkpoints and row.checkpoints[0][0] == reached:
                     marks.append(r.uid)
         self.checkpoints = self._checkpoints(marks) if marks else []
+        if width:
+            self._pace.observe(width, stats.prompt_time)
+            self._set_chunk()
         out = []
         for r in gen_responses:
             row = self.rows.get(r.uid)

@@ -301,9 +301,36 @@ class EngineCore:
         if self.batch is not None:
             for row in list(self.batch.rows.values()):
                 if row.id == request_id:
-                    self.batch.remove([row])
+                    keep = row.first_token_mono is None and self.hooks.checkpoints
+                    kept = self.batch.remove([row], return_caches=keep)
+                    cache, tokens = kept.get(row.uid or 0, (None, None))
+                    self.keep_prefill(row, tokens, cache)
                     self.cancelled(row)
                     return
+
+    def keep_prefill(self, row: Row, tokens: list[int] | None, cache: list[Any] | None) -> None:
+        """Keep what a row cancelled during its prefill has prefilled (whole chunks).
+
+        Its client gave up (an agent's stream watchdog, a closed tab) and will
+        likely send the same prompt again: stored as a ``checkpoint`` entry
+        (the first kind to leave RAM, within ``max_bytes``), the retry goes
+        on from where this one stopped instead of from token 0. Not in a
+        cluster (every rank would have to keep it alike) nor for a row with
+        images.
+        """
+        if (
+            tokens is None
+            or cache is None
+            or row.first_token_mono is not None
+            or row.images is not None
+            or not self.hooks.checkpoints
+        ):
+            return
+        n = len(tokens)
+        if not row.cached_tokens < n < len(row.prompt) or list(tokens) != row.prompt[:n]:
+            return
+        self.store_checkpoint(list(tokens), cache, "checkpoint")
+        logger.info("%s cancelled after prefilling %d tokens: kept", row.id, n)
 
     # ------------------------------------------------------------ endings
 

@@ -13,6 +13,9 @@ docs/design.md, "The prompt cache"). The job, and with it the arrays, goes
 back to the engine thread, which drops the last reference: arrays are freed
 on the thread that made them.
 
+Every file carries a checksum of its tensor bytes in its metadata
+(:mod:`.disk_checksum`): the writer saves it with a placeholder, then seals it.
+
 Every write goes to a unique dot-named temp file, is fsynced, then renamed
 into place, so a reader (this daemon or another one sharing the directory)
 sees a whole file or none. After each write the directory is brought back
@@ -30,6 +33,7 @@ import logging
 import os
 import queue
 import shutil
+import stat
 import struct
 import threading
 import time
@@ -37,6 +41,14 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mlxd.engine.chat.disk_checksum import (
+    CHECKSUM,
+    PLACEHOLDER,
+    CorruptEntry,
+    open_regular,
+    seal,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +61,6 @@ _STALE_TEMP_S = 3600.0
 _FATAL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
-class CorruptEntry(Exception):
-    """A file that is not a whole, readable prompt-cache entry."""
-
-
 def read_metadata(path: Path) -> tuple[dict[str, str], int]:
     """The safetensors metadata of ``path`` and the file's size, checking that it is whole.
 
@@ -61,7 +69,7 @@ def read_metadata(path: Path) -> tuple[dict[str, str], int]:
             longer than the header says (truncated, or not ours).
         OSError: the file cannot be read (it may have just been evicted).
     """
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) != 8:
@@ -103,10 +111,17 @@ def remove_quietly(path: Path) -> bool:
 
 
 def entry_files(directory: Path) -> list[os.DirEntry[str]]:
-    """The entry files of one model's directory (temp files are dot-named and skipped)."""
+    """The entry files of one model's directory: regular files only (no FIFO, device or
+    symlink, which could hang a read or lead out of the folder); temp files are dot-named."""
     try:
         with os.scandir(directory) as it:
-            return [e for e in it if e.name.endswith(SUFFIX) and not e.name.startswith(".")]
+            return [
+                e
+                for e in it
+                if e.name.endswith(SUFFIX)
+                and not e.name.startswith(".")
+                and e.is_file(follow_symlinks=False)
+            ]
     except FileNotFoundError:
         return []
 
@@ -133,7 +148,7 @@ def usage(root: Path, now: float | None = None) -> list[tuple[float, int, Path]]
             if e.name.startswith("."):
                 if now - st.st_mtime > _STALE_TEMP_S:
                     remove_quietly(Path(e.path))
-            elif e.name.endswith(SUFFIX):
+            elif e.name.endswith(SUFFIX) and stat.S_ISREG(st.st_mode):
                 found.append((st.st_mtime, st.st_size, Path(e.path)))
     return found
 
@@ -274,9 +289,12 @@ class DiskWriter:
                 return
             _check_room(job.directory, job.nbytes)
             # Entries hold prompts (their token ids): readable by this user only.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                save_prompt_cache(f, job.cache, job.metadata)  # type: ignore[arg-type]
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w+b") as f:
+                metadata = {**job.metadata, CHECKSUM: PLACEHOLDER}
+                save_prompt_cache(f, job.cache, metadata)  # type: ignore[arg-type]
+                f.flush()
+                seal(f)
                 f.flush()
                 os.fsync(f.fileno())
             job.written_bytes = tmp.stat().st_size

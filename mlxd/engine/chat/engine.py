@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import gc
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mlxd.config import Settings
@@ -41,6 +42,7 @@ from mlxd.engine.chat.commands import (
 )
 from mlxd.engine.chat.engine_thread import EngineThread
 from mlxd.engine.chat.hooks import ClusterHooks, OneMachine
+from mlxd.engine.chat.start_deadline import StartDeadline
 from mlxd.engine.memory import MemoryPool
 from mlxd.engine.messages import Constraint, Failed, GenerationRequest, ModelInfo
 from mlxd.engine.snapshot import Snapshot
@@ -106,12 +108,27 @@ class Engine:
             runtime=runtime,
             load_at_start=load_at_start,
         )
+        self._load_at_start = load_at_start
+        thread = self._thread
+        self._deadline = StartDeadline(
+            settings.server.engine_start_timeout,
+            thread.loaded,
+            lambda: thread.snapshot.state == "ready",
+        )
 
     # ------------------------------------------------------------ life
 
     def start(self) -> None:
         """Start the engine thread (it loads the model itself) and the intake thread."""
         self._thread.start()
+        if self._load_at_start:
+            self._deadline.arm(self._start_overdue)
+
+    def _start_overdue(self, failed: Failed) -> None:
+        """The start is late (:mod:`~mlxd.engine.chat.start_deadline`): fail visibly."""
+        self._thread.halt(failed)  # every queued request ends with it
+        self._thread.snapshot = replace(self._thread.snapshot, state="failed")
+        self._thread.loaded.set()  # wait_loaded() returns; load_error says why
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
         """Block until the first model load finished (successfully or not)."""
@@ -119,6 +136,7 @@ class Engine:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine: in-flight requests end with an error, the thread exits."""
+        self._deadline.cancel()
         if self._thread.stop(timeout):
             _forget_engine_thread_arrays()
 
@@ -136,7 +154,11 @@ class Engine:
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Queue a request; call from a running event loop. Read events from the handle."""
         channel = Channel(asyncio.get_running_loop())
-        self._thread.submit(Submit(request, channel))
+        failure = self._deadline.failure
+        if failure is not None:
+            channel.push(failure)
+        else:
+            self._thread.submit(Submit(request, channel))
         return RequestHandle(request.id, channel, self.cancel)
 
     def cancel(self, request_id: str) -> None:
@@ -151,7 +173,7 @@ class Engine:
         thread as a submitted request. A prompt that cannot be tokenized (or
         no model loaded) resolves to a :class:`Failed` value.
         """
-        return self._thread.send(CountTokens(request))
+        return self.send(CountTokens(request))
 
     def compile_grammar(self, constraint: Constraint) -> tuple[float, bool] | None:
         """Compile ``constraint`` for the loaded model, so the engine thread finds it cached.
@@ -170,36 +192,41 @@ class Engine:
 
     def send(self, command: Command) -> concurrent.futures.Future[Any]:
         """Have the engine thread carry out ``command`` between two steps (thread-safe)."""
-        return self._thread.send(command)
+        failure = self._deadline.failure
+        if failure is None:
+            return self._thread.send(command)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_exception(RuntimeError(failure.message))
+        return future
 
     def load(self, settings: Settings) -> concurrent.futures.Future[ModelInfo]:
         """Drain both lanes, load ``settings.model`` and serve it; on failure the old one stays."""
-        return self._thread.send(Load(settings.model))
+        return self.send(Load(settings.model))
 
     def unload(self) -> concurrent.futures.Future[None]:
         """Drain both lanes and drop the model; the thread waits for the next :meth:`load`."""
-        return self._thread.send(Unload())
+        return self.send(Unload())
 
     def apply(self, settings: Settings) -> concurrent.futures.Future[None]:
         """Take new policy settings between two steps; running rows keep running."""
-        return self._thread.send(Apply(settings))
+        return self.send(Apply(settings))
 
     def stop_accepting(self) -> concurrent.futures.Future[None]:
         """Refuse new requests from the next step on (a graceful shutdown); queued ones run."""
-        return self._thread.send(StopAccepting())
+        return self.send(StopAccepting())
 
     def abort_all(self, message: str) -> concurrent.futures.Future[None]:
         """End every queued and running request with ``message`` (503 shutting_down)."""
-        return self._thread.send(AbortAll(message))
+        return self.send(AbortAll(message))
 
     def clear_error(self) -> concurrent.futures.Future[None]:
         """Forget the latest engine error (a good reload clears the status bar's)."""
-        return self._thread.send(ClearError())
+        return self.send(ClearError())
 
     def rename(self, model_id: str) -> None:
         """Account under ``model_id`` in the shared pool from the next step on."""
         self.model_id = model_id
-        self._thread.send(Rename(model_id))
+        self.send(Rename(model_id))
 
     # ------------------------------------------------------------ reading
 
@@ -224,6 +251,9 @@ class Engine:
     @property
     def load_error(self) -> str | None:
         """Why the model did not load (after :meth:`wait_loaded`), else None."""
+        failure = self._deadline.failure
+        if failure is not None:
+            return failure.message
         core = self._thread.core
         return core.model_error or "the model did not load" if core.loaded is None else None
 

@@ -18,8 +18,10 @@ batch's KV bytes, so the cache and the batch share one ceiling.
 
 With the disk tier on (:mod:`.prompt_disk`), ``system`` entries are written
 to disk when they are made, ``user`` entries (and ``assistant`` ones that can
-be cut back) when they leave RAM or the model unloads; a lookup that disk
-can serve better than RAM reads the file.
+be cut back) once they are stable: ``disk_write_delay`` seconds in RAM
+without a longer entry of theirs replacing them (a crash keeps them), or
+when they leave RAM or the model unloads; a lookup that disk can serve
+better than RAM reads the file.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -96,6 +99,8 @@ class PromptCache:
         self.hits = self.misses = 0
         self.ram_tokens = self.disk_tokens = 0
         self.checkpoints = 0
+        # Entries to write through to disk once stable: entry id -> when (monotonic).
+        self._unwritten: dict[int, float] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -206,6 +211,11 @@ class PromptCache:
             entry.on_disk |= self.disk.write(
                 entry.tokens, cache, kind=kind, trimmable=entry.trimmable, spilled=False
             )
+        elif self.disk is not None and _worth_writing(entry):
+            # A longer entry of the same conversation replaces its older ones on the way.
+            for _, shorter in self._trie.prefixes(entry.tokens):
+                self._unwritten.pop(shorter.id, None)
+            self._unwritten[entry.id] = time.monotonic() + self._settings.disk_write_delay
         self.trim(live_bytes)
         return entry.id in self._entries
 
@@ -233,6 +243,7 @@ class PromptCache:
         return entry
 
     def _unlink(self, entry: Entry) -> None:
+        self._unwritten.pop(entry.id, None)
         self._entries.pop(entry.id, None)
         self._order.remove(None, [entry.id])
         self.nbytes -= entry.nbytes
@@ -284,6 +295,7 @@ class PromptCache:
         self._entries.clear()
         self._order = LRUPromptCache.CacheOrder(list(EVICTION_ORDER))
         self.nbytes = 0
+        self._unwritten.clear()
 
     # ------------------------------------------------------------ the disk tier
 
@@ -300,9 +312,25 @@ class PromptCache:
         self.disk = None
 
     def collect(self) -> None:
-        """Take in what the disk writer finished (engine thread, between steps)."""
-        if self.disk is not None:
-            self.disk.collect()
+        """Take in what the disk writer finished, hand it the entries now stable (between steps)."""
+        disk = self.disk
+        if disk is None:
+            return
+        disk.collect()
+        now = time.monotonic()
+        for entry_id, due in list(self._unwritten.items()):
+            entry = self._entries.get(entry_id)
+            if due > now and entry is not None:
+                continue
+            del self._unwritten[entry_id]
+            if entry is not None and not entry.on_disk:
+                entry.on_disk = disk.write(
+                    entry.tokens,
+                    entry.cache,
+                    kind=entry.kind,
+                    trimmable=entry.trimmable,
+                    spilled=False,
+                )
 
     # ------------------------------------------------------------ state
 

@@ -12,7 +12,9 @@ it is admitted (:func:`DiskTier.load`): ``load_prompt_cache`` plus checks.
 Writing happens on the :class:`~.disk_writer.DiskWriter` thread; the engine
 thread only hands it evaluated caches and, between two steps, collects what
 it did (:meth:`DiskTier.collect`). A file that is truncated, unreadable,
-foreign or of another format version is a miss, a warning, and removed;
+foreign, without a checksum or whose tensor bytes do not match it is a
+miss, a warning, and removed (files of another format version live in
+another directory and are never read);
 a write that fails for good (a full disk, a read-only directory) turns the
 tier off with a warning (``disk_state: failed``), never a failed request.
 """
@@ -32,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from mlxd.engine.chat.disk_checksum import CHECKSUM, CorruptEntry, verify_payload
 from mlxd.engine.chat.disk_writer import (
     SUFFIX,
-    CorruptEntry,
     DiskWriter,
     Enforce,
     Touch,
@@ -48,8 +50,10 @@ from mlxd.engine.chat.prefix_trie import TokenTrie, Walk
 
 logger = logging.getLogger(__name__)
 
-# Bump when the files' layout or meaning changes: older files are then dropped.
-FORMAT = "1"
+# Bump when the files' layout or meaning changes: older files are then never read
+# (the identity, so the directory, changes; the cap evicts them in time).
+# 2: a checksum of the tensor bytes in the metadata.
+FORMAT = "2"
 # How long a flush (an unload, a swap, a stop) waits for the writer.
 FLUSH_TIMEOUT_S = 30.0
 
@@ -181,6 +185,8 @@ class DiskTier:
             raise CorruptEntry(f"format {metadata.get('mlxd_format')!r}, not {FORMAT}")
         if not self.identity.matches(metadata):
             raise CorruptEntry("written for another model (or other weights)")
+        if not metadata.get(CHECKSUM):
+            raise CorruptEntry("no checksum of its tensor bytes")
         tokens = decode_tokens(metadata["tokens"])
         if not tokens or entry_name(tokens) != path.name:
             raise CorruptEntry("its token ids do not match its name")
@@ -225,6 +231,8 @@ class DiskTier:
 
         started = time.perf_counter()
         try:
+            # The payload first: flipped bytes there would load as a cache that answers wrong.
+            verify_payload(entry.path, ours(read_metadata(entry.path)[0]).get(CHECKSUM))
             cache, metadata = load_prompt_cache(str(entry.path), return_metadata=True)
             mx.eval([c.state for c in cache])
             if not self.identity.matches(metadata):

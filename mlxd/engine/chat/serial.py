@@ -105,6 +105,8 @@ class SerialRun:
             guarded = [_with_history(before, p) for p in guarded]
         self._done = 0
         self._total = len(rest)
+        # Prompt tokens the cache holds (prefilled so far, with the cached prefix).
+        self.held = self._start = start
         self._steps = self._generate(parts[:-1], marks, start)
         self._tail = generate_step(
             mx.array(last),
@@ -152,6 +154,7 @@ class SerialRun:
 
     def _progress(self, done: int, total: int) -> None:
         self.row.prefill_done = done
+        self.held = self._start + done
         if done < total:
             normalize(self.cache)  # the next chunk grows from the position (see kv_caches)
             self._pump()  # a long prefill must not freeze intake, cancels and /stats

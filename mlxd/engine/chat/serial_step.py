@@ -55,6 +55,8 @@ def step(core: EngineCore) -> None:
     core.serial = None
     row = run.row
     if advanced.ended == "cancelled":
+        if advanced.prefill:
+            core.keep_prefill(row, row.prompt[: run.held], run.cache)
         core.cancelled(row)
     elif advanced.ended == "failed":
         core.counters.engine_errors += advanced.engine_error

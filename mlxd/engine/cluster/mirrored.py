@@ -67,7 +67,7 @@ class MirroredBatchLane(BatchLane):
     def __init__(
         self, loaded: LoadedModel, settings: BatchSettings, *, faults: bool, leader: PlanRecorder
     ):
-        super().__init__(loaded, settings, faults=faults)
+        super().__init__(loaded, settings, faults=faults, paced=False)
         self._leader = leader
 
     def insert(self, row: Row, cache: list[Any] | None, rest: list[int]) -> None:

@@ -165,7 +165,7 @@ class Replica:
         loaded = self._model()
         cache, rest = self._take_prefetched(op.row)
         if self.batch is None:
-            self.batch = BatchLane(loaded, self.batch_settings, faults=self.faults)
+            self.batch = BatchLane(loaded, self.batch_settings, faults=self.faults, paced=False)
         row = follower_row(op.row, loaded)
         self.batch.insert(row, cache, rest)
         if row.uid != op.uid:
