@@ -21,9 +21,11 @@ import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from mlxd.engine.chat.grammar import Grammars, make_ll_tokenizer
-from mlxd.engine.chat.output import OutputSplitter
+from mlxd.engine.chat.output import OutputSplitter, Split
 from mlxd.engine.constraints import TOOL_GRAMMAR_FORMATS, StructureError, tool_constraint
+from mlxd.engine.messages import ToolCall, ToolCallPart
 from tests.support.tinymodels import tiny_model_dir
+from tests.support.tool_templates import CALLS
 
 WIDTH = 544
 WEATHER = {
@@ -71,8 +73,9 @@ def format_tokenizer(fmt: str) -> Any:
     )
 
 
-def walk(grammars: Grammars, tok: Any, constraint: Any, seed: int, steps: int = 4000) -> str:
-    """A random output the grammar allows, ended as soon as it may end (half the time)."""
+def walk(grammars: Grammars, tok: Any, constraint: Any, seed: int, steps: int = 4000) -> list[str]:
+    """A random output the grammar allows, ended as soon as it may end (half the time),
+    as the text each token added."""
     rng = np.random.default_rng(seed)
     matcher = grammars.matcher(constraint)
     eos = set(tok.eos_token_ids)
@@ -84,7 +87,8 @@ def walk(grammars: Grammars, tok: Any, constraint: Any, seed: int, steps: int = 
         allowed = [int(t) for t in np.flatnonzero(bits)]
         text_tokens = [t for t in allowed if t not in eos]
         if not text_tokens or (len(text_tokens) < len(allowed) and rng.random() < 0.5):
-            return tok.decode(out)
+            texts = [tok.decode(out[:n]) for n in range(len(out) + 1)]
+            return [b[len(a) :] for a, b in zip(texts, texts[1:], strict=False)]
         token = int(rng.choice(text_tokens))
         assert matcher.consume_token(token)
         out.append(token)
@@ -94,30 +98,52 @@ def walk(grammars: Grammars, tok: Any, constraint: Any, seed: int, steps: int = 
 PARSED_FORMATS = [f for f in TOOL_GRAMMAR_FORMATS if f != "harmony"]
 
 
+def split(fmt: str, pieces: list[str]) -> tuple[list[Split], OutputSplitter]:
+    """The pieces through a splitter with ``fmt``'s parser, one feed a token, as a row does."""
+    splitter = OutputSplitter(
+        format_tokenizer(fmt), parse_tools=True, tools=TEMPLATE_TOOLS, tool_format=fmt
+    )
+    return [*(splitter.feed(p) for p in pieces), splitter.finish()], splitter
+
+
+def check_streamed(splits: list[Split], calls: list[ToolCall]) -> None:
+    """Each call was opened before it ended, and its parts join to its arguments."""
+    parts: dict[int, list[ToolCallPart]] = {}
+    for n, s in enumerate(splits):
+        for part in s.tool_parts:
+            parts.setdefault(part.index, []).append(part)
+        for call in s.tool_calls:
+            mine = parts[call.index]
+            assert {(p.id, p.name) for p in mine} == {(call.id, call.name)}
+            assert "".join(p.arguments for p in mine) == call.arguments
+            assert mine[0].arguments == "" and len(mine) >= 2
+            assert n > 0 or len(splits) == 1
+
+
 @pytest.mark.parametrize("fmt", PARSED_FORMATS)
 def test_every_output_a_format_allows_parses_to_valid_calls(fmt, tok, grammars):
     for parallel, seeds in ((False, range(3)), (True, range(2))):
         c = tool_constraint(TOOLS, tool_format=fmt, parallel=parallel, param="tool_choice")
         for seed in seeds:
-            text = walk(grammars, tok, c, seed)
-            splitter = OutputSplitter(format_tokenizer(fmt), parse_tools=True, tools=TEMPLATE_TOOLS)
-            first, last = splitter.feed(text), splitter.finish()
-            calls = first.tool_calls + last.tool_calls
+            pieces = walk(grammars, tok, c, seed)
+            text = "".join(pieces)
+            splits, splitter = split(fmt, pieces)
+            calls = [call for s in splits for call in s.tool_calls]
             assert calls and splitter.failed_calls == 0, text
-            assert not (first.text + last.text).strip(), text
+            assert not "".join(s.text for s in splits).strip(), text
             if not parallel:
                 assert len(calls) == 1, text
+            assert [c.index for c in calls] == list(range(len(calls)))
             for call in calls:
                 jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+            check_streamed(splits, calls)
 
 
 @pytest.mark.parametrize("fmt", PARSED_FORMATS)
 def test_a_named_function_is_the_one_called(fmt, tok, grammars):
     c = tool_constraint(TOOLS[1:], tool_format=fmt, parallel=False, param="tool_choice")
-    splitter = OutputSplitter(format_tokenizer(fmt), parse_tools=True, tools=TEMPLATE_TOOLS)
-    text = walk(grammars, tok, c, seed=7)
-    calls = splitter.feed(text).tool_calls + splitter.finish().tool_calls
-    assert [c.name for c in calls] == ["add"], text
+    splits, _ = split(fmt, walk(grammars, tok, c, seed=7))
+    assert [c.name for s in splits for c in s.tool_calls] == ["add"]
 
 
 def test_what_a_format_cannot_carry_is_refused_by_name():
@@ -143,3 +169,37 @@ def test_what_a_format_cannot_carry_is_refused_by_name():
     assert err.value.code == "invalid_schema"
     tool_constraint([{**strict, "strict": False}], tool_format="glm47", parallel=False, param="p")
     tool_constraint([strict], tool_format="json_tools", parallel=False, param="p")  # JSON: enforced
+
+
+LONG = "the quick brown fox jumps over the lazy dog again"
+WRITE = {
+    "type": "function",
+    "function": {
+        "name": "write",
+        "parameters": {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}, "text": {"type": "string"}},
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("fmt", PARSED_FORMATS)
+def test_a_long_string_argument_streams_in_pieces(fmt):
+    """A call written as the format's template writes it, fed a character at a time:
+    its arguments arrive in pieces before it ends (a string as it grows, where the
+    parser keeps strings raw) and join to the finished call's arguments."""
+    import jinja2
+
+    call = {"name": "write", "arguments": {"n": 3, "text": LONG}}
+    text = jinja2.Environment().from_string(CALLS[fmt]).render(tc=call)
+    splitter = OutputSplitter(
+        format_tokenizer(fmt), parse_tools=True, tools=(WRITE,), tool_format=fmt
+    )
+    splits = [*(splitter.feed(c) for c in text), splitter.finish()]
+    (final,) = [c for s in splits for c in s.tool_calls]
+    assert json.loads(final.arguments) == call["arguments"]
+    check_streamed(splits, [final])
+    before_end = [p.arguments for s in splits[:-2] for p in s.tool_parts if p.arguments]
+    grows = fmt not in ("muse_spark", "pythonic")  # their strings are JSON / Python literals
+    assert len(before_end) >= (3 if grows else 2), before_end

@@ -175,9 +175,16 @@ class Row:
         return piece.stopped
 
     def _push(self, split: Split, tokens: tuple[int, ...], lps: tuple = ()) -> None:
-        if tokens or split.text or split.reasoning or split.tool_calls:
+        if tokens or split.text or split.reasoning or split.tool_calls or split.tool_parts:
             self.channel.push(
-                Delta(split.text, tokens, lps, split.reasoning, tuple(split.tool_calls))
+                Delta(
+                    split.text,
+                    tokens,
+                    lps,
+                    split.reasoning,
+                    tuple(split.tool_calls),
+                    tuple(split.tool_parts),
+                )
             )
 
     def finish(
