@@ -10,6 +10,7 @@ left as text. No model weights run.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import types
 from pathlib import Path
@@ -88,7 +89,7 @@ def walk(grammars: Grammars, tok: Any, constraint: Any, seed: int, steps: int = 
         text_tokens = [t for t in allowed if t not in eos]
         if not text_tokens or (len(text_tokens) < len(allowed) and rng.random() < 0.5):
             texts = [tok.decode(out[:n]) for n in range(len(out) + 1)]
-            return [b[len(a) :] for a, b in zip(texts, texts[1:], strict=False)]
+            return [b[len(a) :] for a, b in itertools.pairwise(texts)]
         token = int(rng.choice(text_tokens))
         assert matcher.consume_token(token)
         out.append(token)
