@@ -108,17 +108,19 @@ def split(fmt: str, pieces: list[str]) -> tuple[list[Split], OutputSplitter]:
 
 
 def check_streamed(splits: list[Split], calls: list[ToolCall]) -> None:
-    """Each call was opened before it ended, and its parts join to its arguments."""
+    """The first call was opened before it ended; each streamed call's parts join to its
+    arguments (a section's later calls may come whole)."""
     parts: dict[int, list[ToolCallPart]] = {}
     for n, s in enumerate(splits):
         for part in s.tool_parts:
             parts.setdefault(part.index, []).append(part)
         for call in s.tool_calls:
-            mine = parts[call.index]
-            assert {(p.id, p.name) for p in mine} == {(call.id, call.name)}
-            assert "".join(p.arguments for p in mine) == call.arguments
-            assert mine[0].arguments == "" and len(mine) >= 2
-            assert n > 0 or len(splits) == 1
+            mine = parts.get(call.index, [])
+            if call.index == 0:
+                assert len(mine) >= 2 and mine[0].arguments == "" and n > 0
+            if mine:
+                assert {(p.id, p.name) for p in mine} == {(call.id, call.name)}
+                assert "".join(p.arguments for p in mine) == call.arguments
 
 
 @pytest.mark.parametrize("fmt", PARSED_FORMATS)

@@ -87,3 +87,95 @@ def test_a_call_round_trips_then_a_required_call_comes_in_the_format(app, fmt):
     (entry,) = [m for m in httpx.get(f"{app.url}/v1/models").json()["data"] if m["id"] == fmt]
     assert entry["capabilities"]["tool_format"] == fmt
     assert entry["capabilities"]["tool_choice_required"] is True
+
+
+# ---------------------------------------------------------------- streamed arguments
+
+WRITE = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "minLength": 40, "maxLength": 44},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["path", "n"],
+    "additionalProperties": False,
+}
+
+
+def _chat_pieces(app: Daemon, fmt: str) -> tuple[list[str], str]:
+    client = app.openai(max_retries=0)
+    kw: dict[str, Any] = {
+        "model": fmt,
+        "messages": [{"role": "user", "content": "write"}],
+        "tools": [{"type": "function", "function": {"name": "write", "parameters": WRITE}}],
+        "tool_choice": {"type": "function", "function": {"name": "write"}},
+        "temperature": 0,
+        "max_tokens": 160,
+    }
+    whole = client.chat.completions.create(**kw)
+    (call,) = whole.choices[0].message.tool_calls or []
+    pieces = []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            assert c.index == 0
+            if c.function is not None and c.function.arguments:
+                pieces.append(c.function.arguments)
+    return pieces, call.function.arguments
+
+
+def _messages_pieces(app: Daemon, fmt: str) -> tuple[list[str], str]:
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=app.url, api_key="unused", max_retries=0)
+    kw: dict[str, Any] = {
+        "model": fmt,
+        "max_tokens": 160,
+        "extra_body": {"temperature": 0},
+        "tools": [{"name": "write", "input_schema": WRITE}],
+        "tool_choice": {"type": "tool", "name": "write"},
+        "messages": [{"role": "user", "content": "write"}],
+    }
+    (use,) = [b for b in claude.messages.create(**kw).content if b.type == "tool_use"]
+    pieces = [
+        e.delta.partial_json
+        for e in claude.messages.create(**kw, stream=True)
+        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
+    return [p for p in pieces if p], json.dumps(use.input, ensure_ascii=False)
+
+
+def _responses_pieces(app: Daemon, fmt: str) -> tuple[list[str], str]:
+    client = app.openai(max_retries=0)
+    kw: dict[str, Any] = {
+        "model": fmt,
+        "input": "write",
+        "tools": [{"type": "function", "name": "write", "parameters": WRITE}],
+        "tool_choice": {"type": "function", "name": "write"},
+        "temperature": 0,
+        "max_output_tokens": 160,
+    }
+    (call,) = [i for i in client.responses.create(**kw).output if i.type == "function_call"]
+    events = list(client.responses.create(**kw, stream=True))
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert done.arguments == "".join(pieces)
+    return pieces, call.arguments
+
+
+@pytest.mark.parametrize(
+    ("fmt", "api"),
+    [
+        ("qwen3_coder", _chat_pieces),
+        ("qwen3_coder", _messages_pieces),
+        ("qwen3_coder", _responses_pieces),
+        ("json_tools", _chat_pieces),
+    ],
+    ids=["qwen3_coder-chat", "qwen3_coder-messages", "qwen3_coder-responses", "json_tools-chat"],
+)
+def test_a_long_argument_streams_in_pieces_that_join_to_the_whole_call(app, fmt, api):
+    pieces, whole = api(app, fmt)
+    assert len(pieces) >= 3, pieces
+    joined = "".join(pieces)
+    jsonschema.validate(json.loads(joined), WRITE)
+    assert json.loads(joined) == json.loads(whole)
+    assert joined == whole or api is _messages_pieces  # Messages' input is an object

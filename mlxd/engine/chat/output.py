@@ -19,7 +19,8 @@ from typing import Any
 
 from mlx_lm.generate import TextStateMachine
 
-from mlxd.engine.chat.tool_stream import read_partial
+from mlxd.engine.chat.tool_scan import SCANNED
+from mlxd.engine.chat.tool_stream import PartialCall, read_partial
 from mlxd.engine.messages import ToolCall, ToolCallPart
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,12 @@ def _transitions(
         end = tokenizer.tool_call_end
         edges["tool"] = [(end, "normal")] if end else []
     return edges
+
+
+def _read_partial(fmt: str | None, raw: str, parser: Any, tools: Any) -> list[PartialCall]:
+    if fmt in SCANNED:
+        return SCANNED[fmt](raw, parser, tools)
+    return read_partial(fmt, raw, parser, tools)
 
 
 def _no_tool_parser(text: str, tools: Any) -> Any:
@@ -149,7 +156,11 @@ class OutputSplitter:
     def _stream(self, out: Split) -> None:
         """Pieces of the region's calls that became certain (tool_stream.py)."""
         raw = "".join(self._tool_text)
-        for k, partial in enumerate(read_partial(self._format, raw, self._parser, self._tools)):
+        # Only a region's first call: in the formats that put several calls in one
+        # section, the next would open while the first is unfinished (a client's
+        # content blocks come one after another); they come whole at the end.
+        partials = _read_partial(self._format, raw, self._parser, self._tools)[:1]
+        for k, partial in enumerate(partials):
             if k == len(self._opened):
                 if partial.name is None:
                     return

@@ -332,14 +332,10 @@ _KV["laguna"] = _KV["glm47"]
 
 def read_partial(fmt: str | None, raw: str, parser: Parser, tools: Any) -> list[PartialCall]:
     """The calls of an unfinished tool region in format ``fmt`` (none for a format
-    this module cannot read: its calls come whole when the region ends)."""
+    this module cannot read: ``gemma4``, ``function_gemma`` and ``pythonic`` are read
+    by :mod:`mlxd.engine.chat.tool_scan`; any other's calls come whole)."""
     if fmt in _JSON:
         return _json_calls(_JSON[fmt], raw)
     if fmt in _KV:
         return _kv_calls(_KV[fmt], raw, parser, tools)
-    # Imported here: the scanned formats build on this module's helpers.
-    from mlxd.engine.chat.tool_scan import SCANNED
-
-    if fmt in SCANNED:
-        return SCANNED[fmt](raw, parser, tools)
     return []
