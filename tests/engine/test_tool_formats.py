@@ -22,6 +22,7 @@ import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from mlxd.engine.chat.grammar import Grammars, make_ll_tokenizer
+from mlxd.engine.chat.harmony import HarmonySplitter
 from mlxd.engine.chat.output import OutputSplitter, Split
 from mlxd.engine.constraints import TOOL_GRAMMAR_FORMATS, StructureError, tool_constraint
 from mlxd.engine.messages import ToolCall, ToolCallPart
@@ -96,14 +97,18 @@ def walk(grammars: Grammars, tok: Any, constraint: Any, seed: int, steps: int = 
     pytest.fail(f"the walk did not end in {steps} tokens: {tok.decode(out)!r}")
 
 
-PARSED_FORMATS = [f for f in TOOL_GRAMMAR_FORMATS if f != "harmony"]
+PARSED_FORMATS = list(TOOL_GRAMMAR_FORMATS)
 
 
-def split(fmt: str, pieces: list[str]) -> tuple[list[Split], OutputSplitter]:
+def splitter_for(fmt: str, tools: tuple[dict, ...]) -> OutputSplitter | HarmonySplitter:
+    if fmt == "harmony":  # mlxd's own reader: mlx-lm has no Harmony parser
+        return HarmonySplitter(parse_tools=True)
+    return OutputSplitter(format_tokenizer(fmt), parse_tools=True, tools=tools, tool_format=fmt)
+
+
+def split(fmt: str, pieces: list[str]) -> tuple[list[Split], OutputSplitter | HarmonySplitter]:
     """The pieces through a splitter with ``fmt``'s parser, one feed a token, as a row does."""
-    splitter = OutputSplitter(
-        format_tokenizer(fmt), parse_tools=True, tools=TEMPLATE_TOOLS, tool_format=fmt
-    )
+    splitter = splitter_for(fmt, TEMPLATE_TOOLS)
     return [*(splitter.feed(p) for p in pieces), splitter.finish()], splitter
 
 
@@ -196,9 +201,7 @@ def test_a_long_string_argument_streams_in_pieces(fmt):
 
     call = {"name": "write", "arguments": {"n": 3, "text": LONG}}
     text = jinja2.Environment().from_string(CALLS[fmt]).render(tc=call)
-    splitter = OutputSplitter(
-        format_tokenizer(fmt), parse_tools=True, tools=(WRITE,), tool_format=fmt
-    )
+    splitter = splitter_for(fmt, (WRITE,))
     splits = [*(splitter.feed(c) for c in text), splitter.finish()]
     (final,) = [c for s in splits for c in s.tool_calls]
     assert json.loads(final.arguments) == call["arguments"]

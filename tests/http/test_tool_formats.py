@@ -63,8 +63,8 @@ def chat(app: Daemon, model: str, messages: list[dict[str, Any]], choice: Any) -
     return r.json()["choices"][0]
 
 
-def test_every_parsed_format_has_a_template_here():
-    assert set(FORMATS) == set(TOOL_GRAMMAR_FORMATS) - {"harmony"}
+def test_every_format_with_a_grammar_has_a_template_here():
+    assert set(FORMATS) == set(TOOL_GRAMMAR_FORMATS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -168,9 +168,11 @@ def _responses_pieces(app: Daemon, fmt: str) -> tuple[list[str], str]:
         ("qwen3_coder", _chat_pieces),
         ("qwen3_coder", _messages_pieces),
         ("qwen3_coder", _responses_pieces),
-        ("json_tools", _chat_pieces),
+        ("harmony", _chat_pieces),
+        ("harmony", _messages_pieces),
+        ("harmony", _responses_pieces),
     ],
-    ids=["qwen3_coder-chat", "qwen3_coder-messages", "qwen3_coder-responses", "json_tools-chat"],
+    ids=[f"{f}-{a}" for f in ("qwen3_coder", "harmony") for a in ("chat", "messages", "responses")],
 )
 def test_a_long_argument_streams_in_pieces_that_join_to_the_whole_call(app, fmt, api):
     pieces, whole = api(app, fmt)

@@ -71,10 +71,35 @@ CALLS: dict[str, str] = {
     + "{{ k }}={{ v | tojson }}{{ ', ' if not loop.last }}{%- endfor %})]<|tool_call_end|>",
 }
 CALLS["laguna"] = CALLS["glm47"]
+# gpt-oss: one message per call on the commentary channel (mlxd reads it; mlx-lm has no parser).
+CALLS["harmony"] = (
+    "<|start|>assistant<|channel|>commentary to=functions.{{ tc.name }} <|constrain|>json"
+    "<|message|>{{ tc.arguments | tojson }}<|call|>"
+)
+
+# A minimal Harmony template: every turn a message, the answer opened by <|start|>assistant.
+_HARMONY = (
+    "{%- if tools %}<|start|>developer<|message|># Tools\n{%- for tool in tools %}\n"
+    "{{ tool | tojson }}{%- endfor %}<|end|>{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- set tc = tool_call.function if tool_call.function is defined else tool_call %}"
+    + CALLS["harmony"]
+    + "{%- endfor %}"
+    "{%- elif message.role == 'tool' %}"
+    "<|start|>functions.tool to=assistant<|channel|>commentary<|message|>"
+    "{{ message.content }}<|end|>"
+    "{%- else %}<|start|>{{ message.role }}<|message|>{{ message.content or '' }}<|end|>"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start|>assistant{%- endif %}"
+)
 
 
 def tool_template(fmt: str) -> str:
-    """A ChatML template whose tools and earlier calls are in ``fmt``."""
+    """A ChatML template whose tools and earlier calls are in ``fmt`` (Harmony's own for it)."""
+    if fmt == "harmony":
+        return _HARMONY
     return (
         "{%- if tools %}<|im_start|>system\n# Tools\n{%- for tool in tools %}\n"
         "{{ tool | tojson }}{%- endfor %}<|im_end|>\n{%- endif %}"
@@ -85,7 +110,8 @@ def tool_template(fmt: str) -> str:
         + CALLS[fmt]
         + "{%- endfor %}<|im_end|>\n"
         "{%- elif message.role == 'tool' %}"
-        "{{- '<|im_start|>user\n<tool_response>' + message.content + '</tool_response><|im_end|>\n' }}"
+        "{{- '<|im_start|>user\n<tool_response>' + message.content }}"
+        "{{- '</tool_response><|im_end|>\n' }}"
         "{%- else %}"
         "{{- '<|im_start|>' + message.role + '\n' + (message.content or '') + '<|im_end|>\n' }}"
         "{%- endif %}{%- endfor %}"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 import mlx.core as mx
 
 from mlxd.engine.channel import Channel
+from mlxd.engine.chat.harmony import HarmonySplitter
 from mlxd.engine.chat.output import OutputSplitter, Split
 from mlxd.engine.chat.stops import TextStream
 from mlxd.engine.messages import (
@@ -57,7 +58,7 @@ class Row:
     max_tokens: int
     text: TextStream
     tokenizer: Any
-    output: OutputSplitter
+    output: OutputSplitter | HarmonySplitter
     received_mono: float
     received_wall: float
     phase: Phase = "pending"
