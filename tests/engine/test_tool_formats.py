@@ -209,3 +209,16 @@ def test_a_long_string_argument_streams_in_pieces(fmt):
     before_end = [p.arguments for s in splits[:-2] for p in s.tool_parts if p.arguments]
     grows = fmt not in ("muse_spark", "pythonic")  # their strings are JSON / Python literals
     assert len(before_end) >= (3 if grows else 2), before_end
+
+
+def test_every_prefix_of_json_arguments_gives_a_prefix_of_their_final_text():
+    from mlxd.engine.chat.tool_stream import json_prefix
+
+    text = (
+        '{"path": "a\\"b\\u00e9\\ud83d\\ude00 end\\\\u12", "n": 12, "f": 1.50,'
+        ' "o": {"x": [1, 2]}, "t": true, "z": null}'
+    )
+    final = json.dumps(json.loads(text), ensure_ascii=False)
+    prefixes = [json_prefix(text[:i], 0)[0] for i in range(len(text) + 1)]
+    assert all(final.startswith(p) for p in prefixes)
+    assert prefixes[-1] == final and len(set(prefixes)) > 20

@@ -61,38 +61,24 @@ def open_member(done: str, key: str, partial: str) -> str:
 # ---------------------------------------------------------------- JSON arguments
 
 _DECODER = json.JSONDecoder()
-_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+# A JSON string's body as far as it is written: whole escapes only.
+_STRING_BODY = re.compile(r'"((?:[^"\\]|\\.)*)')
+# An escape cut short at the end (\u with fewer than 4 digits, or a high surrogate
+# still waiting for its pair), preceded by an odd run of backslashes.
+_CUT_ESCAPE = re.compile(r"(\\+)(u[0-9a-fA-F]{0,3}|u[dD][89abAB][0-9a-fA-F]{2})$")
 
 
 def _partial_string(text: str, at: int) -> str:
-    """The characters of the JSON string starting at ``text[at]`` (a quote) written so far."""
-    out: list[str] = []
-    i = at + 1
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            if i + 1 >= len(text):
-                break
-            e = text[i + 1]
-            if e == "u":
-                if i + 6 > len(text):
-                    break
-                code = int(text[i + 2 : i + 6], 16)
-                if 0xD800 <= code < 0xDC00:  # a surrogate pair: wait for its second half
-                    if i + 12 > len(text):
-                        break
-                    out.append(json.loads(f'"{text[i : i + 12]}"'))
-                    i += 12
-                    continue
-                out.append(chr(code))
-                i += 6
-                continue
-            out.append(_ESCAPES.get(e, e))
-            i += 2
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
+    """The characters of the JSON string starting at ``text[at]`` (a quote) written so far
+    (C-speed: a long file's content is read again at every token)."""
+    match = _STRING_BODY.match(text, at)
+    body = match.group(1) if match else ""
+    while (cut := _CUT_ESCAPE.search(body)) is not None and len(cut.group(1)) % 2 == 1:
+        body = body[: cut.start() + len(cut.group(1)) - 1]
+    try:
+        return json.loads(f'"{body}"')
+    except json.JSONDecodeError as exc:  # a bad escape: what comes before it
+        return json.loads(f'"{body[: exc.pos - 1]}"') if exc.pos > 1 else ""
 
 
 def json_prefix(text: str, at: int) -> tuple[str, int | None]:
