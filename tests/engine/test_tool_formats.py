@@ -130,7 +130,7 @@ def check_streamed(splits: list[Split], calls: list[ToolCall]) -> None:
 
 @pytest.mark.parametrize("fmt", PARSED_FORMATS)
 def test_every_output_a_format_allows_parses_to_valid_calls(fmt, tok, grammars):
-    for parallel, seeds in ((False, range(3)), (True, range(2))):
+    for parallel, seeds in ((False, range(2)), (True, range(1))):
         c = tool_constraint(TOOLS, tool_format=fmt, parallel=parallel, param="tool_choice")
         for seed in seeds:
             pieces = walk(grammars, tok, c, seed)

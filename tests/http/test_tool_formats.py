@@ -1,11 +1,12 @@
-"""Enforced calls in every tool-call format, through the real app on a tiny random-weight llama.
+"""Enforced calls in the tool-call formats, through the real app on a tiny random-weight llama.
 
-One app serves the same tiny model once per format, each with a minimal
-template that speaks it (``tests/support/tool_templates.py``) and the
-format's mlx-lm parser. For each, a conversation with an earlier call
+One app serves the same tiny model once per format named in FORMATS (every
+format is walked without a model in tests/engine/test_tool_formats.py), each
+with a minimal template that speaks it (``tests/support/tool_templates.py``)
+and the format's parser. For each, a conversation with an earlier call
 (rendered in the format) and its result, then ``tool_choice: "required"``:
-one valid call comes back. (Named calls and parallel ones in every format:
-tests/engine/test_tool_formats.py.)
+one valid call comes back. A long argument streams in pieces on all three
+APIs (qwen3_coder, harmony).
 """
 
 from __future__ import annotations
@@ -22,7 +23,21 @@ from tests.support.daemon import Daemon
 from tests.support.tinymodels import tiny_model_dir
 from tests.support.tool_templates import CALLS, format_models
 
-FORMATS = sorted(CALLS)
+# The formats served here (each a model slot: an app stops its engines one by one, about
+# a second each). json_tools and mistral have their own modules; laguna is glm47's parser
+# and template; kimi_k3, minicpm5 and muse_spark are covered without a model in
+# tests/engine/test_tool_formats.py, as every format is.
+FORMATS = [
+    "function_gemma",
+    "gemma4",
+    "glm47",
+    "harmony",
+    "kimi_k2",
+    "longcat",
+    "minimax_m2",
+    "pythonic",
+    "qwen3_coder",
+]
 SCHEMAS = {
     "get_weather": {
         "type": "object",
@@ -63,8 +78,8 @@ def chat(app: Daemon, model: str, messages: list[dict[str, Any]], choice: Any) -
     return r.json()["choices"][0]
 
 
-def test_every_format_with_a_grammar_has_a_template_here():
-    assert set(FORMATS) == set(TOOL_GRAMMAR_FORMATS)
+def test_every_format_with_a_grammar_has_a_template():
+    assert set(CALLS) == set(TOOL_GRAMMAR_FORMATS) and set(FORMATS) <= set(CALLS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
