@@ -145,35 +145,35 @@ def _muse_spark(b: Builder, tools: list[Tool], most: int) -> str:
         head = lit(f'<atem:invoke name="{t["name"]}">')
         return f'{head} {b.sequence(items, "")} "</atem:invoke>"'
 
-    calls = b.repeat(lambda _: b.any_tool(tools, one), most)
+    invoke = b.any_tool(tools, one)
+    calls = b.repeat(lambda _: invoke, most)
     return f'"<atem:function_calls>" {calls} "</atem:function_calls>"'
 
 
 def _kimi_k2(b: Builder, tools: list[Tool], most: int) -> str:
-    def call(k: int) -> str:
-        return b.any_tool(
-            tools,
-            lambda t, _: (
-                lit(f"<|tool_call_begin|>functions.{t['name']}:{k}<|tool_call_argument_begin|>")
-                + f' {json_args(b, t)} "<|tool_call_end|>"'
-            ),
-        )
-
-    return f'"<|tool_calls_section_begin|>" {b.repeat(call, most)} "<|tool_calls_section_end|>"'
+    # The call's number (its id's tail) is any digit: one rule per tool, not one per call.
+    call = b.any_tool(
+        tools,
+        lambda t, _: (
+            lit(f"<|tool_call_begin|>functions.{t['name']}:")
+            + ' /[0-9]/ "<|tool_call_argument_begin|>" '
+            + f'{json_args(b, t)} "<|tool_call_end|>"'
+        ),
+    )
+    calls = b.repeat(lambda _: call, most)
+    return f'"<|tool_calls_section_begin|>" {calls} "<|tool_calls_section_end|>"'
 
 
 def _kimi_k3(b: Builder, tools: list[Tool], most: int) -> str:
-    def call(k: int) -> str:
-        return b.any_tool(
-            tools,
-            lambda t, _: (
-                lit(f'<|open|>call tool="{t["name"]}" index="{k + 1}"<|sep|>')
-                + f' "<|open|>json type=\\"object\\"<|sep|>" {json_args(b, t)}'
-                ' "<|close|>json<|sep|><|close|>call<|sep|>"'
-            ),
-        )
-
-    return f'"<|open|>tools<|sep|>" {b.repeat(call, most)} "<|close|>tools<|sep|>"'
+    call = b.any_tool(
+        tools,
+        lambda t, _: (
+            lit(f'<|open|>call tool="{t["name"]}" index="')
+            + ' /[1-9]/ "\\"<|sep|><|open|>json type=\\"object\\"<|sep|>" '
+            + f'{json_args(b, t)} "<|close|>json<|sep|><|close|>call<|sep|>"'
+        ),
+    )
+    return f'"<|open|>tools<|sep|>" {b.repeat(lambda _: call, most)} "<|close|>tools<|sep|>"'
 
 
 def _gemma(b: Builder, tools: list[Tool], most: int, quote: str, start: str, end: str) -> str:
