@@ -18,7 +18,7 @@ from litestar.response import Stream
 
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import Note
-from mlxd.engine import Delta, Failed, Finished, RequestHandle
+from mlxd.engine import Delta, Failed, Finished, RequestHandle, ToolCall, ToolCallPart
 
 if TYPE_CHECKING:
     from mlxd.engine import Lease
@@ -48,6 +48,12 @@ class Output(Protocol):
     def stream_error(self, failed: Failed) -> list[bytes]: ...
 
     def stream_keepalive(self) -> list[bytes]: ...
+
+
+def call_events(delta: Delta) -> list[ToolCallPart | ToolCall]:
+    """A delta's call parts and finished calls as they happened, for a streamed renderer:
+    by call index, each call's parts (in order) before the call itself."""
+    return sorted([*delta.tool_call_parts, *delta.tool_calls], key=lambda e: e.index)
 
 
 async def whole(

@@ -62,6 +62,7 @@ from mlxd.engine.messages import (
     TokenLogprob,
     TokenPrompt,
     ToolCall,
+    ToolCallPart,
     TopLogprob,
     Usage,
 )
@@ -123,6 +124,7 @@ __all__ = [
     "TokenLogprob",
     "TokenPrompt",
     "ToolCall",
+    "ToolCallPart",
     "TopLogprob",
     "Usage",
     "capped_priority",

@@ -21,6 +21,7 @@ from llguidance import LLMatcher, LLParserLimits
 
 from mlxd.engine.messages import Constraint
 from mlxd.engine.schema_limits import StructureError, check_schema
+from mlxd.engine.tool_grammars import BUILDERS, tool_grammar
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # the stub's TypedDict (not at runtime)
@@ -35,8 +36,8 @@ __all__ = [
     "validate_constraint",
 ]
 
-# Tool-call formats (mlx-lm tool parser names) that have a grammar.
-TOOL_GRAMMAR_FORMATS = ("json_tools", "mistral")
+# Tool-call formats (mlx-lm tool parser names, and gpt-oss's harmony) that have a grammar.
+TOOL_GRAMMAR_FORMATS = tuple(BUILDERS)
 MAX_PARALLEL_CALLS = 8
 # llguidance's error messages quote the grammar and the parser state unless
 # told not to; a client's 400 needs the reason only.
@@ -114,47 +115,6 @@ def _json_rule(schema: dict[str, Any], strict: bool) -> str:
     return "%json " + json.dumps(with_options, ensure_ascii=False)
 
 
-def _lark_string(text: str) -> str:
-    return json.dumps(text)
-
-
-def _hermes(tools: list[dict[str, Any]], most: int) -> str:
-    options = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": t["name"]},
-                "arguments": _own_resource(t["parameters"], i),
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for i, t in enumerate(tools)
-    ]
-    strict = all(t["strict"] for t in tools)
-    body = _json_rule({"anyOf": options}, strict)
-    more = f' ("\\n" call){{0,{most - 1}}}' if most > 1 else ""
-    return f'start: call{more}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: {body}\n'
-
-
-def _own_resource(parameters: dict[str, Any], i: int) -> dict[str, Any]:
-    # Nested in the call object, a tool's "#/$defs/..." would resolve against
-    # the call object; an $id makes its parameters the root of their own refs.
-    if "$id" in parameters:
-        return parameters
-    return {"$id": f"urn:mlxd:tool:{i}", **parameters}
-
-
-def _mistral(tools: list[dict[str, Any]], most: int) -> str:
-    alts = " | ".join(f"fn{i}" for i in range(len(tools)))
-    rules = "\n".join(
-        f"fn{i}: {_lark_string(t['name'] + '[ARGS]')} {_json_rule(t['parameters'], t['strict'])}"
-        for i, t in enumerate(tools)
-    )
-    repeat = f"{{1,{most}}}" if most > 1 else ""
-    return f'start: "[TOOL_CALLS]" call{repeat}\ncall: {alts}\n{rules}\n'
-
-
 def _closed(schema: dict[str, Any]) -> dict[str, Any]:
     # An enforced call takes only the declared arguments (OpenAI's strict
     # mode requires this too); a schema that says otherwise keeps its say.
@@ -172,7 +132,7 @@ def tool_constraint(
     name a refusal of its parameters gives (default ``param``); pass only the
     named function for a named ``tool_choice``.
     """
-    if tool_format not in TOOL_GRAMMAR_FORMATS:
+    if tool_format is None or tool_format not in TOOL_GRAMMAR_FORMATS:
         raise StructureError(
             f"tool_choice 'required' or a named function is enforced with a grammar in the "
             f"model's tool-call format, and the '{tool_format}' format has none yet "
@@ -182,7 +142,7 @@ def tool_constraint(
         )
     most = MAX_PARALLEL_CALLS if parallel else 1
     tools = [{**t, "parameters": _closed(t["parameters"])} for t in tools]
-    lark = _hermes(tools, most) if tool_format == "json_tools" else _mistral(tools, most)
+    lark = tool_grammar(tool_format, tools, most, _json_rule)
     grammar = LLMatcher.grammar_from_lark(lark)
     schemas = tuple((t.get("param", param), t["parameters"]) for t in tools)
     return Constraint("tools", grammar, _key(grammar), tool_format=tool_format, schemas=schemas)

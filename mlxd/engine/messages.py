@@ -240,12 +240,34 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ToolCallPart:
+    """A piece of a tool call's arguments, sent while the model writes the call.
+
+    The first part of a call (its ``index``) opens it with its ``id`` and
+    ``name``; every part's ``arguments`` appends to what came before, and the
+    parts of a call that ends well join to exactly the finished
+    :class:`ToolCall`'s ``arguments`` (its last part comes in the same
+    :class:`Delta` as that ToolCall). A call whose text then fails to parse
+    gets no ToolCall: its raw text is sent as ``text``, and the opened call is
+    left as it is (streamed renderers close it).
+    """
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Delta:
     """New output: answer text (possibly empty while a stop string may be
-    forming), reasoning text, finished tool calls, and the tokens.
+    forming), reasoning text, pieces of calls being written, finished tool
+    calls, and the tokens.
 
     ``text`` never contains think or tool-call markers when the model has
-    them: reasoning goes to ``reasoning``, calls to ``tool_calls``.
+    them: reasoning goes to ``reasoning``, calls to ``tool_calls``. Streamed
+    renderers send ``tool_call_parts`` and close a call at its ToolCall; a
+    whole answer reads ``tool_calls`` alone.
     """
 
     text: str
@@ -253,6 +275,7 @@ class Delta:
     logprobs: tuple[TokenLogprob, ...] = ()
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_parts: tuple[ToolCallPart, ...] = ()
 
 
 @dataclass(frozen=True)

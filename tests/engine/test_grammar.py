@@ -122,8 +122,8 @@ def test_strict_refuses_unenforceable_keywords_and_names_them(grammars):
 
 def test_tool_formats_without_a_grammar_are_refused_by_name():
     tools = [{"name": "f", "parameters": {"type": "object"}, "strict": False}]
-    with pytest.raises(StructureError, match="pythonic") as err:
-        tool_constraint(tools, tool_format="pythonic", parallel=False, param="tool_choice")
+    with pytest.raises(StructureError, match="some_newer_format") as err:
+        tool_constraint(tools, tool_format="some_newer_format", parallel=False, param="tool_choice")
     assert err.value.code == "tool_format_unsupported"
 
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import msgspec
 
+from mlxd.api.answer import call_events
 from mlxd.api.anthropic.errors import anthropic_error_body
-from mlxd.engine import Delta, Failed, Finished, ToolCall, Usage
+from mlxd.engine import Delta, Failed, Finished, ToolCall, ToolCallPart, Usage
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
@@ -68,6 +69,8 @@ class MessagesOutput:
         self._blocks: list[dict[str, Any]] = []
         self._open: str | None = None  # "text" or "thinking" while such a block is open
         self._pinged = False
+        self._streaming = False  # a whole message reads finished calls only
+        self._tool: tuple[int, int] | None = None  # (call index, block index) being streamed
 
     def _message(self, finished: Finished | None, usage: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -85,25 +88,52 @@ class MessagesOutput:
 
     def _feed(self, delta: Delta) -> list[bytes]:
         out: list[bytes] = []
+        calls_first = self._tool is not None  # text in this delta came after the open call
+        if calls_first:
+            out += self._calls(delta)
         if delta.reasoning:
             out += self._add("thinking", delta.reasoning)
         if delta.text:
             out += self._add("text", delta.text)
-        for call in delta.tool_calls:
-            out += self._close()
-            block = _tool_use(call)
-            index = len(self._blocks)
-            self._blocks.append(block)
-            out += [
-                *self._start(index, {**block, "input": {}}),
-                event(
-                    "content_block_delta",
-                    index=index,
-                    delta={"type": "input_json_delta", "partial_json": call.arguments},
-                ),
-                event("content_block_stop", index=index),
-            ]
+        if not calls_first:
+            out += self._calls(delta)
         return out
+
+    def _calls(self, delta: Delta) -> list[bytes]:
+        out: list[bytes] = []
+        for e in call_events(delta) if self._streaming else delta.tool_calls:
+            if isinstance(e, ToolCallPart):
+                out += self._part(e)
+                continue
+            if self._tool is None or self._tool[0] != e.index:
+                out += self._part(ToolCallPart(e.index, e.id, e.name, e.arguments))
+            out += self._end_tool(e)
+        return out
+
+    def _part(self, part: ToolCallPart) -> list[bytes]:
+        """A tool_use block opened at a call's first part; each piece an input_json_delta."""
+        out: list[bytes] = []
+        if self._tool is None or self._tool[0] != part.index:
+            out += self._close()
+            block = {"type": "tool_use", "id": part.id, "name": part.name, "input": {}}
+            self._blocks.append(block)
+            self._tool = (part.index, len(self._blocks) - 1)
+            out += self._start(len(self._blocks) - 1, block)
+        if part.arguments:
+            delta = {"type": "input_json_delta", "partial_json": part.arguments}
+            out.append(event("content_block_delta", index=self._tool[1], delta=delta))
+        return out
+
+    def _end_tool(self, call: ToolCall | None) -> list[bytes]:
+        """The streamed call's block closed: its input is the finished call's arguments
+        (one whose text did not parse keeps what was sent; its text follows as text)."""
+        if self._tool is None:
+            return []
+        _, at = self._tool
+        self._tool = None
+        if call is not None:
+            self._blocks[at] = _tool_use(call)
+        return [event("content_block_stop", index=at)]
 
     def _add(self, kind: str, text: str) -> list[bytes]:
         out: list[bytes] = []
@@ -127,6 +157,8 @@ class MessagesOutput:
         return out
 
     def _close(self) -> list[bytes]:
+        if self._tool is not None:
+            return self._end_tool(None)
         if self._open is None:
             return []
         self._open = None
@@ -145,6 +177,7 @@ class MessagesOutput:
     # ------------------------------------------------------------ streaming
 
     def stream_start(self) -> list[bytes]:
+        self._streaming = True
         usage = {
             "input_tokens": self.prompt_tokens - self.cached_tokens,
             "output_tokens": 0,

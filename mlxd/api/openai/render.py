@@ -8,7 +8,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from mlxd.engine import Delta, Finished, TokenLogprob, ToolCall, Usage
+from mlxd.api.answer import call_events
+from mlxd.engine import Delta, Finished, TokenLogprob, ToolCall, ToolCallPart, Usage
 
 Kind = Literal["chat", "completion"]
 FINGERPRINT = "mlxd"
@@ -105,6 +106,8 @@ class Renderer:
         self._legacy = _LegacyLogprobs()
         self._length = 0
         self._streamed_call = False  # a tool call has been streamed
+        self._opened: set[int] = set()  # calls whose arguments are being streamed
+        self._entries: list[dict[str, Any]] = []  # the current delta's tool_calls entries
 
     # ------------------------------------------------------------ whole response
 
@@ -177,21 +180,39 @@ class Renderer:
         return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
     def has_output(self, delta: Delta) -> bool:
-        """Whether a delta is worth a chunk of its own."""
-        if self.kind == "chat" and delta.tool_calls:
+        """Whether a delta is worth a chunk of its own (called once per delta, first)."""
+        self._entries = self._call_entries(delta) if self.kind == "chat" else []
+        if self._entries:
             self._streamed_call = True
         if self._separator(delta):
             return bool(self.logprobs and delta.logprobs) or bool(delta.reasoning)
         if delta.text or (self.logprobs and delta.logprobs):
             return True
-        return self.kind == "chat" and bool(delta.reasoning or delta.tool_calls)
+        return self.kind == "chat" and bool(delta.reasoning or self._entries)
+
+    def _call_entries(self, delta: Delta) -> list[dict[str, Any]]:
+        """``delta.tool_calls`` entries: a call opens with its id and name, its arguments
+        follow in pieces; a call not streamed comes whole (its index said once)."""
+        entries: list[dict[str, Any]] = []
+        for e in call_events(delta):
+            if isinstance(e, ToolCallPart):
+                if e.index not in self._opened:
+                    self._opened.add(e.index)
+                    entries.append(
+                        tool_call_json(ToolCall(e.index, e.id, e.name, e.arguments), index=True)
+                    )
+                elif e.arguments:
+                    entries.append({"index": e.index, "function": {"arguments": e.arguments}})
+            elif e.index not in self._opened:
+                entries.append(tool_call_json(e, index=True))
+        return entries
 
     def _separator(self, delta: Delta) -> bool:
         """Whitespace alone after a streamed tool call: the separator between calls,
         never streamed as ``{"content": "\n"}`` (the whole answer's content is null)."""
         return (
             self._streamed_call
-            and not delta.tool_calls
+            and not self._entries
             and bool(delta.text)
             and not delta.text.strip()
         )
@@ -214,11 +235,11 @@ class Renderer:
             )
             body: dict[str, Any] = {}
             text = "" if self._separator(delta) else delta.text
-            if text or not (delta.reasoning or delta.tool_calls or self._separator(delta)):
+            if text or not (delta.reasoning or self._entries or self._separator(delta)):
                 body["content"] = text
             body.update(reasoning_fields(delta.reasoning, self.reasoning_field))
-            if delta.tool_calls:
-                body["tool_calls"] = [tool_call_json(c, index=True) for c in delta.tool_calls]
+            if self._entries:
+                body["tool_calls"] = self._entries
             choice = {
                 "index": 0,
                 "delta": body,

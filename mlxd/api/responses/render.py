@@ -25,7 +25,8 @@ from typing import Any
 
 import msgspec
 
-from mlxd.engine import Delta, Failed, Finished, ToolCall, Usage
+from mlxd.api.answer import call_events
+from mlxd.engine import Delta, Failed, Finished, ToolCall, ToolCallPart, Usage
 
 # Called with the final Response object and the assistant turn (a chat
 # message in the template's shape) when a response ends: the route stores it.
@@ -61,6 +62,7 @@ class _Item:
         prefix = {"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]
         self.id = f"{prefix}_{uuid.uuid4().hex}"
         self.parts: list[str] = []
+        self.broken = False  # a streamed call whose text then did not parse
 
     @property
     def text(self) -> str:
@@ -113,6 +115,8 @@ class ResponsesOutput:
         self._items: list[_Item] = []
         self._open: _Item | None = None
         self._seq = -1
+        self._streaming = False  # a whole response reads finished calls only
+        self._calls: dict[int, _Item] = {}  # streamed calls not yet finished, by call index
 
     # ------------------------------------------------------------ objects
 
@@ -158,7 +162,7 @@ class ResponsesOutput:
     def _assistant_turn(self) -> dict[str, Any]:
         text = "".join(i.text for i in self._items if i.kind == "message")
         turn: dict[str, Any] = {"role": "assistant", "content": text}
-        calls = [i.call for i in self._items if i.call is not None]
+        calls = [i.call for i in self._items if i.call is not None and not i.broken]
         if calls:
             turn["tool_calls"] = [
                 {
@@ -177,37 +181,81 @@ class ResponsesOutput:
         out: list[bytes] = []
         if self.warm_up:
             return out
+        calls_first = bool(self._calls)  # text in this delta came after the open call
+        if calls_first:
+            out += self._feed_calls(delta)
         if delta.reasoning:
             out += self._add_text("reasoning", delta.reasoning)
         if delta.text:
             out += self._add_text("message", delta.text)
-        for call in delta.tool_calls:
+        if not calls_first:
+            out += self._feed_calls(delta)
+        return out
+
+    def _feed_calls(self, delta: Delta) -> list[bytes]:
+        out: list[bytes] = []
+        for e in call_events(delta) if self._streaming else delta.tool_calls:
+            if isinstance(e, ToolCallPart):
+                out += self._call_part(e)
+            elif e.index in self._calls:
+                out += self._call_done(self._calls.pop(e.index), e)
+            else:
+                out += self._call_part(ToolCallPart(e.index, e.id, e.name, e.arguments))
+                out += self._call_done(self._calls.pop(e.index), e)
+        return out
+
+    def _call_part(self, part: ToolCallPart) -> list[bytes]:
+        """A call's item opened at its first part; each piece of its arguments a delta."""
+        out: list[bytes] = []
+        item = self._calls.get(part.index)
+        if item is None:
             out += self._close()
-            item = _Item("function_call", len(self._items), call)
+            item = _Item(
+                "function_call", len(self._items), ToolCall(part.index, part.id, part.name, "")
+            )
             self._items.append(item)
-            where = {"item_id": item.id, "output_index": item.index}
-            out += [
+            self._calls[part.index] = item
+            out.append(
                 self._event(
                     "response.output_item.added",
                     output_index=item.index,
                     item=item.json("in_progress"),
-                ),
+                )
+            )
+        if part.arguments:
+            item.parts.append(part.arguments)
+            out.append(
                 self._event(
-                    "response.function_call_arguments.delta", **where, delta=call.arguments
-                ),
-                self._event(
-                    "response.function_call_arguments.done",
-                    **where,
-                    name=call.name,
-                    arguments=call.arguments,
-                ),
-                self._event(
-                    "response.output_item.done",
+                    "response.function_call_arguments.delta",
+                    item_id=item.id,
                     output_index=item.index,
-                    item=item.json("completed"),
-                ),
-            ]
+                    delta=part.arguments,
+                )
+            )
         return out
+
+    def _call_done(
+        self, item: _Item, call: ToolCall | None, status: str = "completed"
+    ) -> list[bytes]:
+        """A streamed call's item closed: by its finished call, or as sent (incomplete)."""
+        if call is None:
+            sent = item.call
+            assert sent is not None
+            call = ToolCall(sent.index, sent.id, sent.name, item.text)
+            item.broken = True
+        item.call = call
+        where = {"item_id": item.id, "output_index": item.index}
+        return [
+            self._event(
+                "response.function_call_arguments.done",
+                **where,
+                name=item.call.name,
+                arguments=item.call.arguments,
+            ),
+            self._event(
+                "response.output_item.done", output_index=item.index, item=item.json(status)
+            ),
+        ]
 
     def _add_text(self, kind: str, text: str) -> list[bytes]:
         out: list[bytes] = []
@@ -239,17 +287,22 @@ class ResponsesOutput:
         return out
 
     def _close(self, status: str = "completed") -> list[bytes]:
+        # A streamed call still open here had text that did not parse: closed as sent.
+        out = [
+            b for call in self._calls.values() for b in self._call_done(call, None, "incomplete")
+        ]
+        self._calls.clear()
         item, self._open = self._open, None
         if item is None:
-            return []
+            return out
         where = self._where(item)
         if item.kind == "message":
-            out = [
+            out += [
                 self._event("response.output_text.done", **where, text=item.text, logprobs=[]),
                 self._event("response.content_part.done", **where, part=_text_part(item.text)),
             ]
         else:
-            out = [self._event("response.reasoning_text.done", **where, text=item.text)]
+            out.append(self._event("response.reasoning_text.done", **where, text=item.text))
         out.append(
             self._event(
                 "response.output_item.done", output_index=item.index, item=item.json(status)
@@ -277,6 +330,7 @@ class ResponsesOutput:
         return event(kind, self._seq, **fields)
 
     def stream_start(self) -> list[bytes]:
+        self._streaming = True
         started = self._response("in_progress", [])
         return [
             self._event("response.created", response=started),

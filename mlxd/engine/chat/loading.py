@@ -142,6 +142,16 @@ def tool_format(tokenizer: Any) -> str | None:
     return module.rsplit(".", 1)[-1] or "unknown"
 
 
+def harmony_or(found: str | None, tokenizer: Any, parser: str | None) -> str | None:
+    """``harmony`` for gpt-oss's format (named, or a Harmony template with no other
+    parser: mlx-lm has none for it; see mlxd.engine.chat.harmony), else ``found``."""
+    from mlxd.engine.chat.harmony import looks_harmony
+
+    if parser == "harmony" or (found is None and looks_harmony(tokenizer)):
+        return "harmony"
+    return found
+
+
 def _grammars(tokenizer: Any, width: int) -> Grammars | None:
     """llguidance's tokenizer, built once per model (up to ~1 s on big vocabularies)."""
     from mlxd.engine.chat.grammar import Grammars, make_ll_tokenizer
@@ -226,7 +236,7 @@ def load_model(
         template, parser = "hermes-tools", parser or "json_tools"
     if template:
         overrides["chat_template"] = _read_template(template)
-    if parser:
+    if parser and parser != "harmony":  # mlx-lm has no Harmony parser: mlxd reads it
         overrides["tool_parser_type"] = parser
     vision = None
     wanted = loader is None and wants_vision(settings, path)
@@ -284,8 +294,8 @@ def load_model(
         created=int(time.time()),
         batchable=capabilities.batchable,
         cache_kinds=layout.kinds,
-        tool_format=tool_format(tokenizer),
-        reasoning=bool(tokenizer.has_thinking),
+        tool_format=harmony_or(tool_format(tokenizer), tokenizer, parser),
+        reasoning=bool(tokenizer.has_thinking) or harmony_or(None, tokenizer, parser) is not None,
         structured_output=grammars is not None,
         vocab_size=vocab,
         max_token_chars=max_token_chars(tokenizer),

@@ -19,7 +19,9 @@ from typing import Any
 
 from mlx_lm.generate import TextStateMachine
 
-from mlxd.engine.messages import ToolCall
+from mlxd.engine.chat.tool_scan import SCANNED
+from mlxd.engine.chat.tool_stream import PartialCall, read_partial
+from mlxd.engine.messages import ToolCall, ToolCallPart
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,17 @@ class Split:
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_parts: list[ToolCallPart] = field(default_factory=list)
+
+
+@dataclass
+class _Opened:
+    """A call of the current tool region whose arguments are being streamed."""
+
+    index: int
+    id: str
+    name: str
+    sent: str = ""
 
 
 def initial_phase(tokenizer: Any, prompt: list[int]) -> str:
@@ -60,6 +73,12 @@ def _transitions(
     return edges
 
 
+def _read_partial(fmt: str | None, raw: str, parser: Any, tools: Any) -> list[PartialCall]:
+    if fmt in SCANNED:
+        return SCANNED[fmt](raw, parser, tools)
+    return read_partial(fmt, raw, parser, tools)
+
+
 def _no_tool_parser(text: str, tools: Any) -> Any:
     # Unreachable: without parse_tools there is no "tool" phase to close.
     raise ValueError("this row parses no tool calls")
@@ -76,6 +95,7 @@ class OutputSplitter:
         tools: tuple[dict, ...] = (),
         initial: str = "normal",
         reasoning: bool = True,
+        tool_format: str | None = None,
     ):
         edges = _transitions(tokenizer, tools=parse_tools, reasoning=reasoning)
         self._machine = TextStateMachine(edges) if edges else None
@@ -86,6 +106,8 @@ class OutputSplitter:
         self._markers = (tokenizer.tool_call_start or "", tokenizer.tool_call_end or "")
         self._tools = [dict(t) for t in tools] or None
         self._tool_text: list[str] = []
+        self._format = tool_format
+        self._opened: list[_Opened] = []
         self.phase = initial
         self.calls = 0
         self.failed_calls = 0
@@ -117,7 +139,10 @@ class OutputSplitter:
             if phase == "tool":
                 if self.phase != "tool":
                     self._tool_text = []
+                    self._opened = []
                 self._tool_text.append(text)
+                if text and self._format is not None:
+                    self._stream(out)
             else:
                 if self.phase == "tool" and phase != "tool":
                     self._close_call(out)
@@ -128,22 +153,66 @@ class OutputSplitter:
             if phase is not None:
                 self.phase = phase
 
+    def _stream(self, out: Split) -> None:
+        """Pieces of the region's calls that became certain (tool_stream.py)."""
+        raw = "".join(self._tool_text)
+        # Only a region's first call: in the formats that put several calls in one
+        # section, the next would open while the first is unfinished (a client's
+        # content blocks come one after another); they come whole at the end.
+        partials = _read_partial(self._format, raw, self._parser, self._tools)[:1]
+        for k, partial in enumerate(partials):
+            if k == len(self._opened):
+                if partial.name is None:
+                    return
+                opened = _Opened(self.calls + k, f"call_{uuid.uuid4().hex[:24]}", partial.name)
+                self._opened.append(opened)
+                out.tool_parts.append(ToolCallPart(opened.index, opened.id, opened.name, ""))
+            opened = self._opened[k]
+            if partial.prefix.startswith(opened.sent) and len(partial.prefix) > len(opened.sent):
+                piece = partial.prefix[len(opened.sent) :]
+                opened.sent = partial.prefix
+                out.tool_parts.append(ToolCallPart(opened.index, opened.id, opened.name, piece))
+
     def _close_call(self, out: Split, *, ended: bool = True) -> None:
         raw = "".join(self._tool_text)
+        opened, self._opened = self._opened, []
         self._tool_text = []
         try:
             parsed = self._parser(raw, self._tools)
             calls = parsed if isinstance(parsed, list) else [parsed]
-            made = [self._tool_call(c) for c in calls]
+            made = [
+                self._tool_call(c, opened[k] if k < len(opened) else None)
+                for k, c in enumerate(calls)
+            ]
         except Exception as exc:  # every parser raises its own kind
             self.failed_calls += 1
+            self.calls += len(opened)  # their indexes were sent: never reused
             logger.warning("a tool call did not parse (%s); sent as text", exc)
             start, end = self._markers
             out.text += f"{start}{raw}{end if ended else ''}"
             return
+        self.calls += max(0, len(opened) - len(made))
+        for k, call in enumerate(made):
+            if k < len(opened):
+                out.tool_parts.append(self._rest(opened[k], call))
         out.tool_calls.extend(made)
 
-    def _tool_call(self, call: Any) -> ToolCall:
+    @staticmethod
+    def _rest(opened: _Opened, call: ToolCall) -> ToolCallPart:
+        """The last part of a streamed call: what its finished arguments add."""
+        if call.name != opened.name or not call.arguments.startswith(opened.sent):
+            # Not expected from the readers in tool_stream.py; said, never silent.
+            logger.warning(
+                "a streamed tool call ended other than it was sent (%s %r, then %s %r)",
+                opened.name,
+                opened.sent,
+                call.name,
+                call.arguments,
+            )
+            return ToolCallPart(call.index, call.id, call.name, "")
+        return ToolCallPart(call.index, call.id, call.name, call.arguments[len(opened.sent) :])
+
+    def _tool_call(self, call: Any, opened: _Opened | None = None) -> ToolCall:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             raise ValueError(f"not a tool call: {call!r}")
         args = call.get("arguments", {})
@@ -152,6 +221,9 @@ class OutputSplitter:
         if not isinstance(args, dict):
             raise ValueError(f"arguments are not an object: {args!r}")
         call_id = call.get("id") if isinstance(call.get("id"), str) else None
+        if opened is not None:  # its id and index were sent with its first part
+            call_id = opened.id
+            self.calls = opened.index
         made = ToolCall(
             index=self.calls,
             id=call_id or f"call_{uuid.uuid4().hex[:24]}",
@@ -175,5 +247,10 @@ def make_output(loaded: Any, request: Any, phase: str) -> OutputSplitter:
         or (request.constraint is not None and request.constraint.kind == "tools")
     )
     return OutputSplitter(
-        loaded.tokenizer, parse_tools=parse, tools=tools, initial=phase, reasoning=chat
+        loaded.tokenizer,
+        parse_tools=parse,
+        tools=tools,
+        initial=phase,
+        reasoning=chat,
+        tool_format=loaded.info.tool_format,
     )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 import mlx.core as mx
 
 from mlxd.engine.channel import Channel
+from mlxd.engine.chat.harmony import HarmonySplitter
 from mlxd.engine.chat.output import OutputSplitter, Split
 from mlxd.engine.chat.stops import TextStream
 from mlxd.engine.messages import (
@@ -57,7 +58,7 @@ class Row:
     max_tokens: int
     text: TextStream
     tokenizer: Any
-    output: OutputSplitter
+    output: OutputSplitter | HarmonySplitter
     received_mono: float
     received_wall: float
     phase: Phase = "pending"
@@ -175,9 +176,16 @@ class Row:
         return piece.stopped
 
     def _push(self, split: Split, tokens: tuple[int, ...], lps: tuple = ()) -> None:
-        if tokens or split.text or split.reasoning or split.tool_calls:
+        if tokens or split.text or split.reasoning or split.tool_calls or split.tool_parts:
             self.channel.push(
-                Delta(split.text, tokens, lps, split.reasoning, tuple(split.tool_calls))
+                Delta(
+                    split.text,
+                    tokens,
+                    lps,
+                    split.reasoning,
+                    tuple(split.tool_calls),
+                    tuple(split.tool_parts),
+                )
             )
 
     def finish(
