@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from mlxd.engine.chat.grammar import Grammars
 
 
-def _forget_engine_thread_arrays() -> None:
+def forget_engine_thread_arrays() -> None:
     """Free what the dead engine thread left in MLX's globals.
 
     Model construction and sampling replace MLX's global random key on the
@@ -134,11 +134,26 @@ class Engine:
         """Block until the first model load finished (successfully or not)."""
         return self._thread.loaded.wait(timeout)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the engine: in-flight requests end with an error, the thread exits."""
+    def begin_stop(self) -> None:
+        """Ask the engine to stop and return at once; :meth:`stop` then waits.
+
+        The fleet asks every engine first, so they wind down side by side.
+        """
         self._deadline.cancel()
-        if self._thread.stop(timeout):
-            _forget_engine_thread_arrays()
+        self._thread.stop(timeout=0)  # sets the stop flag, wakes both threads, waits for none
+
+    def stop(self, timeout: float = 10.0, *, forget: bool = True) -> bool:
+        """Stop the engine: in-flight requests end with an error, the thread exits.
+
+        True once the thread has exited. ``forget=False`` leaves the clean-up
+        of its arrays to the caller (:func:`forget_engine_thread_arrays`, once
+        for many engines: it is a full garbage collection).
+        """
+        self.begin_stop()
+        stopped = self._thread.stop(timeout)
+        if stopped and forget:
+            forget_engine_thread_arrays()
+        return stopped
 
     @property
     def alive(self) -> bool:

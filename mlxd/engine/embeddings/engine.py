@@ -167,9 +167,9 @@ class EmbeddingEngine:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
             if not thread.is_alive():
-                from mlxd.engine.chat.engine import _forget_engine_thread_arrays
+                from mlxd.engine.chat.engine import forget_engine_thread_arrays
 
-                _forget_engine_thread_arrays()
+                forget_engine_thread_arrays()
         if not self.alive:
             for job in self._queue.settle("stopped"):
                 self._fail(job, shutting_down())

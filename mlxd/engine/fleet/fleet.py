@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from mlxd.config import Settings
 from mlxd.config.registry import default_id, registry
-from mlxd.engine.chat.engine import Engine
+from mlxd.engine.chat.engine import Engine, forget_engine_thread_arrays
 from mlxd.engine.fleet.admin import Admin
 from mlxd.engine.fleet.fit import Fit
 from mlxd.engine.fleet.loading import Loads
@@ -114,9 +114,17 @@ class Fleet:
             slots.notify()
 
     def stop(self) -> None:
-        """Stop every engine (the process is leaving)."""
-        for slot in self._slots.by_id.values():
-            slot.engine.stop()
+        """Stop every engine (the process is leaving): all are asked, then each is awaited."""
+        engines = [slot.engine for slot in self._slots.by_id.values()]
+        for engine in engines:
+            if isinstance(engine, Engine):
+                engine.begin_stop()
+        stopped = [engine.stop(forget=False) for engine in engines if isinstance(engine, Engine)]
+        if any(stopped):
+            forget_engine_thread_arrays()
+        for engine in engines:
+            if not isinstance(engine, Engine):
+                engine.stop()
 
     async def apply(self, settings: Settings) -> FleetApplied:
         """Adopt a reloaded registry (:mod:`mlxd.engine.fleet.reload`); see FleetApplied."""
