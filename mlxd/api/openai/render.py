@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from mlxd.api.openai import custom
 from mlxd.engine import Delta, Finished, TokenLogprob, ToolCall, Usage
 
 Kind = Literal["chat", "completion"]
@@ -40,6 +41,8 @@ def tool_call_json(call: ToolCall, *, index: bool) -> dict[str, Any]:
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
+    if call.input is not None:
+        out = {"id": call.id, **custom.call_json(call.name, call.input)}
     if index:
         out = {"index": call.index, **out}
     return out

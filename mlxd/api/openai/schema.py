@@ -255,6 +255,7 @@ def chat_request(
         top_logprobs=req.top_logprobs or 0,
         parse_tools=plan.parse,
         tools_ignored=plan.ignored,
+        custom_tools=plan.custom,
         constraint=constraint or plan.constraint,
         **common,
     )

@@ -11,6 +11,7 @@ with a growing ``sequence_number``::
                  response.output_text.done, response.content_part.done
       reasoning: response.reasoning_text.delta ..., response.reasoning_text.done
       call:      response.function_call_arguments.delta, ...arguments.done
+      custom:    response.custom_tool_call_input.delta, ...input.done
     response.output_item.done,
     response.completed | response.incomplete (cut by max_output_tokens) | response.failed
 """
@@ -55,10 +56,10 @@ class _Item:
     """One output item while it is built."""
 
     def __init__(self, kind: str, index: int, call: ToolCall | None = None):
-        self.kind = kind  # message | reasoning | function_call
+        self.kind = kind  # message | reasoning | function_call | custom_tool_call
         self.index = index
         self.call = call
-        prefix = {"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]
+        prefix = {"message": "msg", "reasoning": "rs", "function_call": "fc"}.get(kind, "ctc")
         self.id = f"{prefix}_{uuid.uuid4().hex}"
         self.parts: list[str] = []
 
@@ -82,6 +83,15 @@ class _Item:
             )
             return {"id": self.id, "type": "reasoning", "summary": [], "content": body}
         assert self.call is not None
+        if self.kind == "custom_tool_call":
+            return {
+                "id": self.id,
+                "type": "custom_tool_call",
+                "status": status,
+                "call_id": self.call.id,
+                "name": self.call.name,
+                "input": (self.call.input or "") if status != "in_progress" else "",
+            }
         return {
             "id": self.id,
             "type": "function_call",
@@ -183,9 +193,13 @@ class ResponsesOutput:
             out += self._add_text("message", delta.text)
         for call in delta.tool_calls:
             out += self._close()
-            item = _Item("function_call", len(self._items), call)
+            kind = "function_call" if call.input is None else "custom_tool_call"
+            item = _Item(kind, len(self._items), call)
             self._items.append(item)
             where = {"item_id": item.id, "output_index": item.index}
+            if call.input is not None:
+                out += self._custom_events(item, call.input)
+                continue
             out += [
                 self._event(
                     "response.output_item.added",
@@ -208,6 +222,20 @@ class ResponsesOutput:
                 ),
             ]
         return out
+
+    def _custom_events(self, item: _Item, text: str) -> list[bytes]:
+        # The input arrives whole (the call ends when its row does): one delta.
+        where = {"item_id": item.id, "output_index": item.index}
+        return [
+            self._event(
+                "response.output_item.added", output_index=item.index, item=item.json("in_progress")
+            ),
+            self._event("response.custom_tool_call_input.delta", **where, delta=text),
+            self._event("response.custom_tool_call_input.done", **where, input=text),
+            self._event(
+                "response.output_item.done", output_index=item.index, item=item.json("completed")
+            ),
+        ]
 
     def _add_text(self, kind: str, text: str) -> list[bytes]:
         out: list[bytes] = []

@@ -15,11 +15,12 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mlx_lm.generate import TextStateMachine
 
-from mlxd.engine.messages import ToolCall
+from mlxd.engine.custom_tools import INPUT, input_matches
+from mlxd.engine.messages import CustomTool, ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,24 @@ class Split:
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+class RowOutput(Protocol):
+    """What a row feeds its text to (:class:`OutputSplitter`, or a forced custom
+    call's ``engine/chat/freeform.FreeformOutput``)."""
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def calls(self) -> int: ...
+
+    @property
+    def failed_calls(self) -> int: ...
+
+    def feed(self, text: str) -> Split: ...
+
+    def finish(self) -> Split: ...
 
 
 def initial_phase(tokenizer: Any, prompt: list[int]) -> str:
@@ -76,6 +95,7 @@ class OutputSplitter:
         tools: tuple[dict, ...] = (),
         initial: str = "normal",
         reasoning: bool = True,
+        custom: tuple[CustomTool, ...] = (),
     ):
         edges = _transitions(tokenizer, tools=parse_tools, reasoning=reasoning)
         self._machine = TextStateMachine(edges) if edges else None
@@ -85,6 +105,7 @@ class OutputSplitter:
         )
         self._markers = (tokenizer.tool_call_start or "", tokenizer.tool_call_end or "")
         self._tools = [dict(t) for t in tools] or None
+        self._custom = {t.name: t for t in custom}
         self._tool_text: list[str] = []
         self.phase = initial
         self.calls = 0
@@ -151,12 +172,22 @@ class OutputSplitter:
             args = json.loads(args)
         if not isinstance(args, dict):
             raise ValueError(f"arguments are not an object: {args!r}")
+        text = None
+        custom = self._custom.get(call["name"])
+        if custom is not None:
+            # A custom tool's one string, checked against its grammar.
+            text = args.get(INPUT)
+            if not isinstance(text, str) or set(args) != {INPUT}:
+                raise ValueError(f"a custom tool takes one string, {INPUT!r}: {args!r}")
+            if not input_matches(custom, text):
+                raise ValueError(f"the input to {custom.name!r} does not match its grammar")
         call_id = call.get("id") if isinstance(call.get("id"), str) else None
         made = ToolCall(
             index=self.calls,
             id=call_id or f"call_{uuid.uuid4().hex[:24]}",
             name=call["name"],
             arguments=json.dumps(args, ensure_ascii=False),
+            input=text,
         )
         self.calls += 1
         return made
@@ -175,5 +206,10 @@ def make_output(loaded: Any, request: Any, phase: str) -> OutputSplitter:
         or (request.constraint is not None and request.constraint.kind == "tools")
     )
     return OutputSplitter(
-        loaded.tokenizer, parse_tools=parse, tools=tools, initial=phase, reasoning=chat
+        loaded.tokenizer,
+        parse_tools=parse,
+        tools=tools,
+        initial=phase,
+        reasoning=chat,
+        custom=request.custom_tools,
     )

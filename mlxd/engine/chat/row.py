@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 import mlx.core as mx
 
 from mlxd.engine.channel import Channel
-from mlxd.engine.chat.output import OutputSplitter, Split
+from mlxd.engine.chat.output import RowOutput, Split
 from mlxd.engine.chat.stops import TextStream
 from mlxd.engine.messages import (
     CacheLookup,
@@ -57,7 +57,7 @@ class Row:
     max_tokens: int
     text: TextStream
     tokenizer: Any
-    output: OutputSplitter
+    output: RowOutput
     received_mono: float
     received_wall: float
     phase: Phase = "pending"

@@ -53,7 +53,7 @@ def is_collective_error(exc: BaseException | str) -> bool:
 class GrammarSpec(msgspec.Struct, frozen=True, array_like=True):
     """A row's grammar (:class:`mlxd.engine.messages.Constraint`) on the wire."""
 
-    kind: Literal["json", "tools"]
+    kind: Literal["json", "tools", "custom"]
     grammar: str
     key: str
     tool_format: str | None
