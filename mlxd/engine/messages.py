@@ -145,6 +145,9 @@ class GenerationRequest:
     # The request's custom tools: a call to one carries its ``input`` (checked
     # against its grammar), not JSON arguments.
     custom_tools: tuple[CustomTool, ...] = ()
+    # The most tokens the model may think for before its end-of-thinking
+    # marker is forced (mlxd.engine.chat.reasoning_budget); None: no cap.
+    reasoning_budget: int | None = None
     # Test-only fault injection (see docs/testing.md); ignored unless the
     # engine was built with fault injection enabled.
     fault: str | None = None
@@ -282,6 +285,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # Of completion_tokens, those generated inside the think markers.
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,8 @@ class RowSpec(msgspec.Struct, frozen=True, array_like=True):
     # Prompt tokens it starts from out of the prompt cache: admission may keep less
     # of the hit than the lookup found (docs/batching.md, "Admission never wedges").
     cached: int = -1
+    # The row's thinking budget (mlxd.engine.chat.reasoning_budget): every rank forces alike.
+    reasoning_budget: int | None = None
 
 
 class Fetch(msgspec.Struct, frozen=True, tag="fetch", array_like=True):
