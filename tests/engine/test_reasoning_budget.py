@@ -1,4 +1,4 @@
-"""The thinking budget processor on its own: counting, a multi-token end marker, the grammar after."""
+"""The thinking budget processor alone: counting, a multi-token end marker, the grammar after."""
 
 from __future__ import annotations
 
