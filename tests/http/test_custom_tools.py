@@ -146,6 +146,24 @@ def test_forced_apply_patch_on_chat_completions_matches_codex_grammar(hermes: Da
     patch = call["custom"]["input"]
     assert patch.startswith("*** Begin Patch\n") and "*** End Patch" in patch, patch
     assert input_matches(APPLY_PATCH, patch), patch
+    # Streamed: one tool_calls delta in the same custom shape.
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "a word"}],
+        "tools": [{"type": "custom", "custom": {k: v for k, v in WORD.items() if k != "type"}}],
+        "tool_choice": {"type": "custom", "custom": {"name": "word"}},
+        "max_tokens": 16,
+        "stream": True,
+    }
+    chunks = []
+    with httpx.stream("POST", f"{hermes.url}/v1/chat/completions", json=body) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:])["choices"][0])
+    (streamed,) = [c for ch in chunks for c in ch["delta"].get("tool_calls") or []]
+    assert streamed["type"] == "custom" and streamed["index"] == 0
+    assert re.fullmatch("[a-z]{1,6}", streamed["custom"]["input"]), streamed
+    assert chunks[-1]["finish_reason"] == "tool_calls"
     # The call in the history: the model sees it as a call with one string.
     back = _post(
         hermes,
