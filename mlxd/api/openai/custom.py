@@ -11,14 +11,14 @@ both come here. The model sees it as a function taking one string
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.params import bad
-from mlxd.engine import CustomTool, StructureError, custom_grammar
+from mlxd.engine import CustomTool, StructureError, custom_grammar, template_tool
 
+# The one parameter the model sees a custom tool take (engine.custom_tools.INPUT).
 INPUT = "input"
 # A tool's name, function or custom (OpenAI's rule).
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -68,14 +68,7 @@ def custom_tool(body: dict[str, Any], param: str) -> tuple[dict[str, Any], Custo
         grammar = custom_grammar(syntax, definition, param=f"{param}.format")
     except StructureError as exc:
         raise OpenAIError(400, str(exc), code=exc.code, param=exc.param) from None
-    parameters = {
-        "type": "object",
-        "properties": {INPUT: {"type": "string"}},
-        "required": [INPUT],
-    }
-    out: dict[str, Any] = {"name": name, "parameters": parameters, "strict": False}
-    if description is not None:
-        out["description"] = description
+    out = {**template_tool(name, description)["function"], "strict": False}
     return out, CustomTool(name, grammar)
 
 
@@ -100,12 +93,3 @@ def history_call(call: dict[str, Any], param: str) -> dict[str, Any]:
 def call_json(name: str, text: str) -> dict[str, Any]:
     """A custom call as chat completions render it (``custom: {name, input}``)."""
     return {"type": "custom", "custom": {"name": name, "input": text}}
-
-
-def arguments_input(arguments: str) -> str:
-    """The input a custom call's ``{"input": ...}`` arguments hold."""
-    try:
-        value = json.loads(arguments).get(INPUT, "")
-    except (json.JSONDecodeError, AttributeError):
-        return arguments
-    return value if isinstance(value, str) else arguments

@@ -91,11 +91,9 @@ async def _create(
     key = caller_of(request.scope).owner
     if compact:
         trigger = [{"type": "compaction_trigger"}]
-        given = (
-            req.input
-            if isinstance(req.input, list)
-            else [{"role": "user", "content": req.input or ""}]
-        )
+        given = req.input if isinstance(req.input, list) else []
+        if isinstance(req.input, str):
+            given = [{"role": "user", "content": req.input}]
         req = msgspec.structs.replace(req, input=[*given, *trigger], stream=False, store=False)
     expanded, summarize = compaction.prepare(req.input, capsules, key)
     req = msgspec.structs.replace(req, input=expanded)
