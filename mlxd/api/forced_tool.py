@@ -9,7 +9,9 @@ a user message (containing the text ``when``, if given) is generated under a
 grammar that allows exactly that call with exactly those arguments: the
 grammar of a named ``tool_choice``, each argument a JSON Schema ``const``.
 The agent runs the call and sends the result back; that request (its prompt
-ends with the tool result) is served as usual.
+ends with the tool result) is served as usual. An entry with ``input`` (a
+string) instead of ``arguments`` names a custom tool (Codex's
+``apply_patch``): the forced custom call's grammar is exactly that text.
 
 Random weights also never end a turn: with ``MLXD_FORCE_ANSWER`` set to a
 text, every other request of a tools-capable model answers exactly that text
@@ -28,9 +30,12 @@ from typing import Any
 from mlxd.engine import (
     ChatPrompt,
     Constraint,
+    CustomTool,
     GenerationRequest,
     ModelInfo,
     StructureError,
+    custom_constraint,
+    custom_grammar,
     json_constraint,
     tool_constraint,
 )
@@ -55,7 +60,7 @@ def forced_calls() -> list[dict[str, Any]]:
         for c in calls
         if isinstance(c, dict)
         and isinstance(c.get("name"), str)
-        and isinstance(c.get("arguments"), dict)
+        and (isinstance(c.get("arguments"), dict) or isinstance(c.get("input"), str))
     ]
 
 
@@ -83,6 +88,11 @@ def _call_constraint(gen: GenerationRequest, tool_format: str) -> Constraint | N
     )
     if call is None:
         return None
+    if isinstance(call.get("input"), str):
+        if call["name"] not in {t.name for t in gen.custom_tools}:
+            return None
+        literal = custom_grammar("lark", f"start: {json.dumps(call['input'])}", param="input")
+        return custom_constraint(CustomTool(call["name"], literal))
     tool = {"name": call["name"], "parameters": _const_schema(call["arguments"]), "strict": True}
     return tool_constraint([tool], tool_format=tool_format, parallel=False, param="tool_choice")
 

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, TomlConfigSettin
 from mlxd.config.batches import BatchesSettings
 from mlxd.config.entry import ModelEntry
 from mlxd.config.keys import KEY_NAME, KeyEntry, SchedulingSettings
+from mlxd.config.reasoning import ReasoningSettings
 from mlxd.config.sections import (
     BatchSettings,
     ClusterSettings,
@@ -77,6 +78,7 @@ class Settings(BaseSettings):
     memory: MemorySettings = MemorySettings()
     cluster: ClusterSettings | None = None
     scheduling: SchedulingSettings = SchedulingSettings()
+    reasoning: ReasoningSettings = ReasoningSettings()
     # [keys.<name>] tables: API keys as identities (mlxd.config.keys).
     keys: dict[str, KeyEntry] = {}
     # [models.<id>] tables; empty when the config has the one [model] table.

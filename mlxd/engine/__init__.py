@@ -23,6 +23,7 @@ from mlxd.engine.constraints import (
     tool_constraint,
     validate_constraint,
 )
+from mlxd.engine.custom_tools import custom_constraint, custom_grammar, template_tool
 from mlxd.engine.embeddings.checks import check_inputs as check_embedding_inputs
 from mlxd.engine.embeddings.messages import (
     EmbeddingError,
@@ -46,6 +47,7 @@ from mlxd.engine.messages import (
     CacheSource,
     ChatPrompt,
     Constraint,
+    CustomTool,
     Delta,
     ErrorCode,
     Event,
@@ -88,6 +90,7 @@ __all__ = [
     "ChatPrompt",
     "ClusterStatus",
     "Constraint",
+    "CustomTool",
     "Delta",
     "EmbeddingError",
     "EmbeddingInfo",
@@ -132,10 +135,13 @@ __all__ = [
     "check_embedding_inputs",
     "check_image_count",
     "check_request",
+    "custom_constraint",
+    "custom_grammar",
     "image_from_base64",
     "image_from_bytes",
     "image_from_data_url",
     "json_constraint",
+    "template_tool",
     "tool_constraint",
     "validate_constraint",
 ]

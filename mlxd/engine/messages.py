@@ -92,17 +92,34 @@ class Constraint:
     Built and checked before the request is queued (``mlxd.engine.constraints``);
     ``key`` hashes the grammar and keys the compiled-grammar cache. ``kind``
     is what ``/stats`` shows: ``json`` (response_format) or ``tools`` (an
-    enforced tool call, whose grammar is in the model's ``tool_format``).
+    enforced tool call, whose grammar is in the model's ``tool_format``) or
+    ``custom`` (a forced custom tool: the answer is its input, in its grammar).
     """
 
-    kind: Literal["json", "tools"]
+    kind: Literal["json", "tools", "custom"]
     grammar: str
     key: str
     tool_format: str | None = None
+    # kind "custom": the custom tool whose input is the row's whole answer
+    # (a forced freeform call, mlxd.engine.custom_tools).
+    tool: str | None = None
     # The JSON Schemas inside the grammar, each with the parameter that named
     # it, for the checks before compiling (``constraints.check_constraint``);
     # never read by the engine, and not part of the grammar's identity.
     schemas: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class CustomTool:
+    """A custom (freeform) tool: its input is one string, shaped by ``grammar`` if any.
+
+    The model sees it as a function taking one string parameter, ``input``;
+    ``grammar`` is llguidance grammar text (from the tool's Lark or regex
+    format), None for the ``text`` format (any string).
+    """
+
+    name: str
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,12 @@ class GenerationRequest:
     # Split tool calls out of the output with the model's tool parser.
     parse_tools: bool = False
     constraint: Constraint | None = None
+    # The request's custom tools: a call to one carries its ``input`` (checked
+    # against its grammar), not JSON arguments.
+    custom_tools: tuple[CustomTool, ...] = ()
+    # The most tokens the model may think for before its end-of-thinking
+    # marker is forced (mlxd.engine.chat.reasoning_budget); None: no cap.
+    reasoning_budget: int | None = None
     # Test-only fault injection (see docs/testing.md); ignored unless the
     # engine was built with fault injection enabled.
     fault: str | None = None
@@ -237,6 +260,8 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+    # A custom tool's call: its input string (``arguments`` is ``{"input": ...}``).
+    input: str | None = None
 
 
 @dataclass(frozen=True)
@@ -283,6 +308,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # Of completion_tokens, those generated inside the think markers.
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True)

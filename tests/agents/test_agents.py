@@ -32,9 +32,12 @@ from tests.support.daemon import Daemon
 from tests.support.tinymodels import LONG_CONTEXT_FAMILY, tiny_model_dir
 
 MODEL = "tiny-agent"
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello from mlxd\n*** End Patch\n"
 FORCED = [
     {"name": "Bash", "arguments": {"command": "pwd"}, "when": "pwd"},
     {"name": "exec_command", "arguments": {"cmd": "pwd"}, "when": "pwd"},
+    # Codex's freeform apply_patch (a custom tool): the forced input is this patch.
+    {"name": "apply_patch", "input": PATCH, "when": "hello.txt"},
 ]
 # With the Skill tool, Claude Code sends the list of skills as a role "system"
 # message after the user's (its mid-conversation-system beta, for any model id that
@@ -238,6 +241,21 @@ def test_codex_tool_round_trip(agents: Agents, tmp_path_factory):
     assert Path(runs[0]["aggregated_output"].strip()).resolve() == cwd.resolve()
     assert [i["text"] for i in _items(events, "agent_message")] == ['"done"']
     assert len(requests) == 2 and hit_share(requests[1]) >= HIT, requests
+
+
+def test_codex_creates_a_file_with_apply_patch(agents: Agents, tmp_path_factory):
+    # Codex sends apply_patch as a freeform custom tool (Lark grammar) for the
+    # models its catalog knows; gpt-* is an alias of the tiny model here. Its
+    # own feature switches drop the tools this test does not need.
+    cwd = project(tmp_path_factory, "codex-patch")
+    off = ("goals", "tool_search", "multi_agent")
+    switches = [arg for name in off for arg in ("-c", f"features.{name}=false")]
+    events, requests = agents.codex(cwd, "-m", "gpt-5.5", *switches, "create hello.txt")
+    changes = _items(events, "file_change")
+    assert len(changes) == 1 and changes[0]["status"] == "completed", events
+    assert (cwd / "hello.txt").read_text() == "hello from mlxd\n"
+    assert [i["text"] for i in _items(events, "agent_message")] == ['"done"']
+    assert len(requests) == 2, requests
 
 
 def test_codex_resume_hits_the_cache(agents: Agents, codex_project, codex_first):

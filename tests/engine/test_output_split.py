@@ -221,3 +221,27 @@ def test_enable_thinking_reaches_the_template_and_sets_the_starting_phase(tokeni
     assert initial_phase(tok, thinking) == "reasoning"
     off = tok.apply_chat_template(msgs, add_generation_prompt=True, enable_thinking=False)
     assert initial_phase(tok, off) == "normal"
+
+
+def test_a_chosen_custom_call_is_checked_against_its_grammar(tokenizers):
+    from mlxd.engine import CustomTool, custom_grammar
+
+    word = CustomTool("word", custom_grammar("regex", "[a-z]+", param="format"))
+    good = '<tool_call>\n{"name": "word", "arguments": {"input": "hello"}}\n</tool_call>'
+    bad = '<tool_call>\n{"name": "word", "arguments": {"input": "Hi there"}}\n</tool_call>'
+    splitter = OutputSplitter(tokenizers("hermes"), parse_tools=True, custom=(word,))
+    out = run(splitter, [good + bad])
+    assert [(c.name, c.input) for c in out.tool_calls] == [("word", "hello")]
+    assert out.text == bad and splitter.failed_calls == 1
+
+
+def test_a_forced_custom_call_is_the_whole_answer(tokenizers):
+    from mlxd.engine.chat.freeform import FreeformOutput
+
+    tok = tokenizers("hermes_think")
+    for chunks in every_cut("hm</think>*** Begin"):
+        out = run(FreeformOutput(OutputSplitter(tok, initial="reasoning"), "apply_patch"), chunks)
+        assert out.reasoning == "hm" and out.text == ""
+        (call,) = out.tool_calls
+        assert (call.name, call.input) == ("apply_patch", "*** Begin")
+        assert json.loads(call.arguments) == {"input": "*** Begin"}

@@ -18,6 +18,7 @@ from tests.support.daemon import Daemon, toml_config
 from tests.support.tinymodels import tiny_model_dir
 
 MODEL = "tiny-think"
+BUDGET = 16
 
 
 def config(**server: Any) -> str:
@@ -25,6 +26,7 @@ def config(**server: Any) -> str:
         model={"path": str(tiny_model_dir("llama", template="hermes_think")), "name": MODEL},
         batch={"size": 4, "kv_budget": "64MiB"},
         lanes={"constrained": "serial"},
+        reasoning={"effort_budgets": {"low": BUDGET}},
         server=server,
     )
 
@@ -124,3 +126,60 @@ def test_reasoning_field_is_a_live_setting(daemon: Daemon):
     finally:
         daemon.write_config(config())
         daemon.reload()
+
+
+def test_effort_low_caps_the_thinking_and_leaves_an_answer(daemon: Daemon):
+    free = chat(daemon, max_tokens=48).json()
+    # Unbudgeted, the random model thinks through all of max_tokens.
+    assert free["usage"]["completion_tokens_details"]["reasoning_tokens"] == 48
+    body = chat(daemon, max_tokens=48, reasoning_effort="low").json()
+    used = body["usage"]["completion_tokens_details"]["reasoning_tokens"]
+    # The budget, then the forced </think> (one token in this tokenizer).
+    assert BUDGET <= used <= BUDGET + 1, body["usage"]
+    message = body["choices"][0]["message"]
+    assert message["reasoning_content"] and message["content"], message
+    r = httpx.post(
+        f"{daemon.url}/v1/responses",
+        json={
+            "model": MODEL,
+            "input": "think",
+            "max_output_tokens": 48,
+            "reasoning": {"effort": "low"},
+        },
+        timeout=60,
+    ).json()
+    assert [i["type"] for i in r["output"]] == ["reasoning", "message"], r["output"]
+    assert BUDGET <= r["usage"]["output_tokens_details"]["reasoning_tokens"] <= BUDGET + 1
+    # A grammar starts once the forced </think> is out: the answer is the schema's.
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema, "strict": True}}
+    both = chat(daemon, max_tokens=48, reasoning_effort="low", response_format=fmt).json()
+    choice = both["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    assert json.loads(choice["message"]["content"])["ok"] in (True, False)
+
+
+def test_anthropic_budget_tokens_gives_thinking_then_text(daemon: Daemon):
+    body = {
+        "model": MODEL,
+        "max_tokens": 40,
+        "messages": [{"role": "user", "content": "think"}],
+        "thinking": {"type": "enabled", "budget_tokens": 8},
+    }
+    r = httpx.post(f"{daemon.url}/v1/messages", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    blocks = r.json()["content"]
+    assert [b["type"] for b in blocks] == ["thinking", "text"], blocks
+    assert blocks[0]["thinking"] and blocks[1]["text"]
+    bad = httpx.post(
+        f"{daemon.url}/v1/messages",
+        json={**body, "thinking": {"type": "enabled", "budget_tokens": 0}},
+        timeout=60,
+    )
+    assert bad.status_code == 400 and "budget_tokens" in bad.text
+    bad = httpx.post(
+        f"{daemon.url}/v1/chat/completions",
+        json={"model": MODEL, "messages": body["messages"], "reasoning_effort": "lots"},
+        timeout=60,
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"

@@ -41,6 +41,23 @@ def test_the_forced_call_is_exactly_the_configured_one(forced):
     assert schema["additionalProperties"] is False
 
 
+def test_a_forced_custom_call_is_exactly_the_configured_input(monkeypatch):
+    from mlxd.engine import CustomTool, template_tool
+    from mlxd.engine.custom_tools import input_matches
+
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"
+    monkeypatch.setenv(FORCE_TOOL_CALL_ENV, json.dumps([{"name": "apply_patch", "input": patch}]))
+    tool = template_tool("apply_patch", None)
+    gen = replace(_gen({"role": "user", "content": "edit"}, tools=(tool,)), parse_tools=True)
+    # Not a custom tool of this request: nothing forced.
+    assert force_tool_call(gen, INFO, enabled=True).constraint is None
+    custom = replace(gen, custom_tools=(CustomTool("apply_patch"),))
+    c = force_tool_call(custom, INFO, enabled=True).constraint
+    assert c is not None and c.kind == "custom" and c.tool == "apply_patch"
+    literal = CustomTool("apply_patch", c.grammar)
+    assert input_matches(literal, patch) and not input_matches(literal, patch + "x")
+
+
 def test_the_forced_answer_ends_every_other_turn(forced):
     for gen in (
         _gen({"role": "user", "content": "say hi"}),  # no "pwd" in it

@@ -166,6 +166,19 @@ def test_output_format_and_thinking():
     }
 
 
+def test_thinking_budgets():
+    budgets = SETTINGS.reasoning.effort_budgets
+    assert call(thinking={"type": "enabled", "budget_tokens": 64}).gen.reasoning_budget == 64
+    assert call(output_config={"effort": "low"}).gen.reasoning_budget == budgets["low"]
+    both = call(thinking={"type": "enabled", "budget_tokens": 9}, output_config={"effort": "high"})
+    assert both.gen.reasoning_budget == 9  # budget_tokens wins
+    assert call(thinking={"type": "disabled"}).gen.reasoning_budget is None
+    assert call().gen.reasoning_budget is None
+    for bad in ({"type": "enabled", "budget_tokens": 0}, {"type": "enabled", "budget_tokens": "x"}):
+        assert refused(call, thinking=bad).param == "thinking.budget_tokens"
+    assert refused(call, output_config={"effort": "huge"}).param == "output_config.effort"
+
+
 def test_faults_when_the_server_allows_them():
     assert call(faults=True, mlxd_fault="bad_logits@1").gen.fault == "bad_logits@1"
 

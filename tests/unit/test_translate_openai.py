@@ -417,3 +417,53 @@ def test_completion_requests_decode_from_raw_bytes():
 def test_model_may_be_absent_and_means_the_default_model():
     """Issue 22: as configuration.md says (and most local servers do), not a 400."""
     assert decode(body_bytes({"messages": HI}), ChatRequest).model == ""
+
+
+def test_reasoning_effort_is_a_thinking_budget_or_the_switch():
+    budgets = SETTINGS.reasoning.effort_budgets
+    assert chat(reasoning_effort="low").reasoning_budget == budgets["low"]
+    assert chat(reasoning_effort="xhigh").reasoning_budget is None  # not in the table: no cap
+    off = chat(reasoning_effort="none")
+    assert off.reasoning_budget is None
+    assert chat_prompt(off).template_kwargs == (("enable_thinking", False),)
+    # The client's own template kwargs win over the effort's switch.
+    mine = chat(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True})
+    assert chat_prompt(mine).template_kwargs == (("enable_thinking", True),)
+    assert refused(chat, reasoning_effort="lots").param == "reasoning_effort"
+
+
+def test_custom_tools_reach_the_template_as_one_string_functions():
+    tool = {
+        "type": "custom",
+        "custom": {
+            "name": "patch",
+            "description": "edit",
+            "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": "[a-z]+"}},
+        },
+    }
+    fn = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    gen = chat(tools=[tool, fn])
+    (seen, _) = chat_prompt(gen).tools
+    assert seen == {
+        "type": "function",
+        "function": {
+            "name": "patch",
+            "description": "edit",
+            "parameters": {
+                "type": "object",
+                "properties": {"input": {"type": "string"}},
+                "required": ["input"],
+            },
+        },
+    }
+    assert [t.name for t in gen.custom_tools] == ["patch"] and gen.constraint is None
+    named = chat(tools=[tool, fn], tool_choice={"type": "custom", "custom": {"name": "patch"}})
+    assert named.constraint is not None and named.constraint.kind == "custom"
+    assert named.constraint.tool == "patch"
+    # required over several tools: the model's own call format, the input any string.
+    required = chat(tools=[tool, fn], tool_choice="required")
+    assert required.constraint is not None and required.constraint.kind == "tools"
+    broken = {"type": "custom", "custom": {"name": "p", "format": {"type": "grammar"}}}
+    assert chat(tools=[broken]).custom_tools[0].grammar is None  # no grammar: any text
+    bad = {**tool, "custom": {**tool["custom"], "format": {"type": "xml"}}}
+    assert refused(chat, tools=[bad]).param == "tools[0].custom.format.type"

@@ -213,6 +213,14 @@ def test_reasoning_effort_none_turns_thinking_off():
     assert chat_prompt(call(reasoning={"effort": "high"}).gen).template_kwargs == ()
 
 
+def test_reasoning_effort_is_a_thinking_budget():
+    budgets = SETTINGS.reasoning.effort_budgets
+    assert call(reasoning={"effort": "medium"}).gen.reasoning_budget == budgets["medium"]
+    assert call(reasoning={"effort": "none"}).gen.reasoning_budget is None
+    assert call(reasoning={"summary": "auto"}).gen.reasoning_budget is None
+    assert refused(call, reasoning={"effort": "extreme"}).param == "reasoning.effort"
+
+
 def test_a_warm_up_generates_one_token_and_no_output():
     c = call(generate=False, max_output_tokens=50)
     assert (c.gen.max_tokens, c.generate) == (1, False)

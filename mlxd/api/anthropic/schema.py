@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from mlxd.api import params
+from mlxd.api import params, reasoning
 from mlxd.api.anthropic.blocks import content_text, turn
 from mlxd.api.anthropic.system import join_reminder, merge_system
 from mlxd.api.http.errors import OpenAIError
@@ -213,18 +213,6 @@ def _format(body: _MessagesBody) -> Constraint | None:
         raise relabel(exc, "response_format", "output_config.format") from None
 
 
-def _thinking(thinking: dict[str, Any] | None) -> tuple[tuple[str, object], ...]:
-    """``thinking`` as the ``enable_thinking`` switch of templates that have one."""
-    if thinking is None:
-        return ()
-    kind = thinking.get("type")
-    if kind not in ("enabled", "adaptive", "disabled"):
-        raise bad(
-            "thinking.type", f"Unknown thinking type {kind!r}: use enabled, adaptive or disabled."
-        )
-    return (("enable_thinking", kind != "disabled"),)
-
-
 def _prompt(
     body: _MessagesBody, info: ModelInfo | None, settings: Settings
 ) -> tuple[ChatPrompt, ToolPlan, Constraint | None]:
@@ -238,7 +226,8 @@ def _prompt(
         )
     images = Images(settings)
     messages = chat_messages(body, images)
-    prompt = ChatPrompt(messages, plan.tools, _thinking(body.thinking), images=tuple(images.parts))
+    kwargs, _ = reasoning.anthropic(body.thinking, body.output_config, settings)
+    prompt = ChatPrompt(messages, plan.tools, kwargs, images=tuple(images.parts))
     return prompt, plan, constraint
 
 
@@ -305,5 +294,6 @@ def messages_request(
         constraint=constraint or plan.constraint,
         api="messages",
         fault=fault,
+        reasoning_budget=reasoning.anthropic(req.thinking, req.output_config, settings)[1],
     )
     return MessagesCall(gen=gen, stream=bool(req.stream))

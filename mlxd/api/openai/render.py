@@ -9,6 +9,7 @@ from typing import Any, Literal
 import msgspec
 
 from mlxd.api.answer import call_events
+from mlxd.api.openai import custom
 from mlxd.engine import Delta, Finished, TokenLogprob, ToolCall, ToolCallPart, Usage
 
 Kind = Literal["chat", "completion"]
@@ -16,12 +17,15 @@ FINGERPRINT = "mlxd"
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if usage.reasoning_tokens:
+        out["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return out
 
 
 def _chat_logprob(lp: TokenLogprob) -> dict[str, Any]:
@@ -41,6 +45,8 @@ def tool_call_json(call: ToolCall, *, index: bool) -> dict[str, Any]:
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
+    if call.input is not None:
+        out = {"id": call.id, **custom.call_json(call.name, call.input)}
     if index:
         out = {"index": call.index, **out}
     return out

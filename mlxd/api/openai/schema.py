@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from mlxd.api import params
+from mlxd.api import params, reasoning
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.images import Images, text_part
 from mlxd.api.images import content as content_of
@@ -249,18 +249,22 @@ def chat_request(
     common = _common(req, settings, max_tokens=max_tokens, faults=faults)
     images = Images(settings)
     messages = _messages(req.messages, images)
+    thinking, budget = reasoning.effort(req.reasoning_effort, settings, "reasoning_effort")
+    kwargs = dict(thinking) | dict(template_kwargs(req.chat_template_kwargs))
     return GenerationRequest(
         id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
         prompt=ChatPrompt(
             messages,
             plan.tools,
-            template_kwargs(req.chat_template_kwargs),
+            tuple(sorted(kwargs.items())),
             images=tuple(images.parts),
         ),
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
         parse_tools=plan.parse,
         tools_ignored=plan.ignored,
+        custom_tools=plan.custom,
+        reasoning_budget=budget,
         constraint=constraint or plan.constraint,
         **common,
     )

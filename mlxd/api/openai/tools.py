@@ -9,16 +9,24 @@ grammars themselves come from :mod:`mlxd.engine.constraints` (llguidance).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.openai import custom
 from mlxd.api.params import bad, relabel
-from mlxd.engine import Constraint, ModelInfo, StructureError, json_constraint, tool_constraint
+from mlxd.engine import (
+    Constraint,
+    CustomTool,
+    ModelInfo,
+    StructureError,
+    custom_constraint,
+    json_constraint,
+    tool_constraint,
+)
 
 MAX_TOOLS = 128
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME = custom.NAME
 # Names a client may not set through chat_template_kwargs: the server's own
 # template inputs and every parameter of Hugging Face's apply_chat_template
 # (a client must not swap the template or change what comes back).
@@ -50,10 +58,16 @@ class ToolPlan:
     parse: bool = False
     constraint: Constraint | None = None
     ignored: int = 0  # tools left out: the model cannot call tools and none was forced
+    custom: tuple[CustomTool, ...] = ()  # the custom tools among ``tools``
 
 
 def _tool(raw: Any, i: int) -> dict[str, Any]:
     param = f"tools[{i}]"
+    if isinstance(raw, dict) and raw.get("type") == "custom":
+        if not isinstance(raw.get("custom"), dict) or set(raw) != {"type", "custom"}:
+            raise bad(param, f"{param} must be {{'type': 'custom', 'custom': {{...}}}}.")
+        made, tool = custom.custom_tool(raw["custom"], f"{param}.custom")
+        return {**made, "custom": tool}
     if not isinstance(raw, dict) or raw.get("type", "function") != "function":
         raise bad(f"{param}.type", f"{param} must be {{'type': 'function', 'function': {{...}}}}.")
     fn = raw.get("function")
@@ -98,9 +112,11 @@ def _choice(choice: Any, names: list[str]) -> str:
         return "auto" if names else "none"
     if choice in ("none", "auto", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         fn = choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") == "custom":
+            name = custom.chosen_name(choice)
         if not isinstance(name, str):
             raise bad("tool_choice", "A named tool_choice needs function.name.")
         if name not in names:
@@ -112,8 +128,9 @@ def _choice(choice: Any, names: list[str]) -> str:
         return f"fn:{name}"
     raise bad(
         "tool_choice",
-        "tool_choice must be 'none', 'auto', 'required' or "
-        "{'type': 'function', 'function': {'name': ...}}.",
+        "tool_choice must be 'none', 'auto', 'required', "
+        "{'type': 'function', 'function': {'name': ...}} or "
+        "{'type': 'custom', 'custom': {'name': ...}}.",
     )
 
 
@@ -151,25 +168,32 @@ def tool_plan(
     template_tools = tuple(
         {
             "type": "function",
-            "function": {k: v for k, v in d.items() if k != "strict"},
+            "function": {k: v for k, v in d.items() if k not in ("strict", "custom")},
         }
         for d in defs
     )
+    customs = tuple(d["custom"] for d in defs if "custom" in d)
     constraint = None
     if mode == "required" or mode.startswith("fn:"):
         chosen = [
-            {**d, "param": f"tools[{i}].function.parameters"}
+            {k: v for k, v in d.items() if k != "custom"}
+            | {"param": f"tools[{i}].function.parameters"}
             for i, d in enumerate(defs)
             if mode == "required" or d["name"] == mode[3:]
         ]
         allow_many = parallel is not False and mode == "required"
+        only = [d for d in defs if d["name"] == chosen[0]["name"]] if len(chosen) == 1 else []
         try:
-            constraint = tool_constraint(
-                chosen, tool_format=tool_format, parallel=allow_many, param="tool_choice"
-            )
+            if only and "custom" in only[0]:
+                # One custom tool forced: the answer is its input, in its own grammar.
+                constraint = custom_constraint(only[0]["custom"])
+            else:
+                constraint = tool_constraint(
+                    chosen, tool_format=tool_format, parallel=allow_many, param="tool_choice"
+                )
         except StructureError as exc:
             raise OpenAIError(400, str(exc), code=exc.code, param=exc.param) from None
-    return ToolPlan(template_tools, True, constraint)
+    return ToolPlan(template_tools, True, constraint, custom=customs)
 
 
 def plan_tools(
@@ -187,6 +211,7 @@ def plan_tools(
     except OpenAIError as exc:
         for k, (i, _) in sorted(enumerate(tools or []), reverse=True):
             exc = relabel(exc, f"tools[{k}].function", f"tools[{i}]")
+            exc = relabel(exc, f"tools[{k}].custom", f"tools[{i}]")
             exc = relabel(exc, f"tools[{k}]", f"tools[{i}]")
         raise exc from None
     constraint = plan.constraint
@@ -281,6 +306,12 @@ def history_message(
 
 def _history_call(call: Any, i: int, j: int) -> dict[str, Any]:
     param = f"messages[{i}].tool_calls[{j}]"
+    if isinstance(call, dict) and call.get("type") == "custom":
+        return {
+            "id": str(call.get("id") or f"call_{i}_{j}"),
+            "type": "function",
+            "function": custom.history_call(call, param),
+        }
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise bad(

@@ -2,8 +2,9 @@
 shapes the chat path already takes.
 
 Items become chat messages in the chat template's shape (``function_call``
-items join the assistant turn as ``tool_calls``, ``function_call_output``
-items become ``tool`` messages), function tools become chat tools, and
+and ``custom_tool_call`` items join the assistant turn as ``tool_calls``,
+``function_call_output`` and ``custom_tool_call_output`` items become
+``tool`` messages), function and custom tools become chat tools, and
 ``text.format`` becomes a ``response_format``. Validation and grammars are
 then the chat path's own (:mod:`mlxd.api.openai.tools`, whose
 :func:`~mlxd.api.openai.tools.plan_tools` names errors as this request does), not a
@@ -43,7 +44,6 @@ SKIPPED_TOOL_TYPES = frozenset(
         "mcp",
         "local_shell",
         "shell",
-        "custom",
         "apply_patch",
         "tool_search",
         "namespace",
@@ -139,31 +139,36 @@ def _raw_item(item: Any, i: int, out: list[dict]) -> None:
             raise bad(f"{where}.content", f"{where} has no content.")
         text = _content(item["content"], f"{where}.content", images=role == "user")
         out.append({"role": _ROLES[role], "content": text, "_at": i})
-    elif kind == "function_call":
+    elif kind in ("function_call", "custom_tool_call"):
         name, call_id = item.get("name"), item.get("call_id")
         if not isinstance(name, str) or not isinstance(call_id, str):
-            raise bad(where, f"{where} (function_call) needs string 'name' and 'call_id'.")
-        call = {
-            "id": call_id,
-            "type": "function",
-            "function": {"name": name, "arguments": item.get("arguments", "{}")},
-        }
+            raise bad(where, f"{where} ({kind}) needs string 'name' and 'call_id'.")
+        if kind == "custom_tool_call":
+            body = {"name": name, "input": item.get("input", "")}
+            call: dict[str, Any] = {"id": call_id, "type": "custom", "custom": body}
+        else:
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": item.get("arguments", "{}")},
+            }
         last = out[-1] if out else None
         if last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).append(call)
         else:
             out.append({"role": "assistant", "content": None, "tool_calls": [call], "_at": i})
-    elif kind == "function_call_output":
+    elif kind in ("function_call_output", "custom_tool_call_output"):
         call_id = item.get("call_id")
         if not isinstance(call_id, str):
-            raise bad(f"{where}.call_id", f"{where} (function_call_output) needs 'call_id'.")
+            raise bad(f"{where}.call_id", f"{where} ({kind}) needs 'call_id'.")
         text = _content(item.get("output"), f"{where}.output")
         out.append({"role": "tool", "tool_call_id": call_id, "content": text, "_at": i})
     else:
         raise unsupported(
             f"{where}.type",
             f"input items of type {kind!r} are not supported (mlxd takes message, "
-            "function_call, function_call_output and reasoning items).",
+            "function_call, function_call_output, custom_tool_call, custom_tool_call_output "
+            "and reasoning items).",
         )
 
 
@@ -209,10 +214,13 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[tuple[int, dict[str, 
                     f"Unrecognized field(s) in tools[{i}]: {', '.join(sorted(extra))}.",
                 )
             out.append((i, {"type": "function", "function": fn}))
+        elif kind == "custom":
+            body = {k: v for k, v in tool.items() if k != "type"}
+            out.append((i, {"type": "custom", "custom": body}))
         elif kind not in SKIPPED_TOOL_TYPES:
             raise unsupported(
                 f"tools[{i}].type",
-                f"unknown tool type {kind!r}; mlxd runs 'function' tools and skips "
+                f"unknown tool type {kind!r}; mlxd runs 'function' and 'custom' tools and skips "
                 "OpenAI-hosted ones (see docs/api.md).",
             )
     return out
@@ -225,10 +233,12 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> Any:
     kind = choice.get("type")
     if kind == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if kind == "custom":
+        return {"type": "custom", "custom": {"name": choice.get("name")}}
     raise unsupported(
         "tool_choice",
-        f"tool_choice of type {kind!r}: mlxd takes 'none', 'auto', 'required' or "
-        "{'type': 'function', 'name': ...}.",
+        f"tool_choice of type {kind!r}: mlxd takes 'none', 'auto', 'required', "
+        "{'type': 'function', 'name': ...} or {'type': 'custom', 'name': ...}.",
     )
 
 

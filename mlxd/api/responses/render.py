@@ -11,6 +11,7 @@ with a growing ``sequence_number``::
                  response.output_text.done, response.content_part.done
       reasoning: response.reasoning_text.delta ..., response.reasoning_text.done
       call:      response.function_call_arguments.delta, ...arguments.done
+      custom:    response.custom_tool_call_input.delta, ...input.done
     response.output_item.done,
     response.completed | response.incomplete (cut by max_output_tokens) | response.failed
 """
@@ -38,7 +39,7 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 
@@ -56,10 +57,10 @@ class _Item:
     """One output item while it is built."""
 
     def __init__(self, kind: str, index: int, call: ToolCall | None = None):
-        self.kind = kind  # message | reasoning | function_call
+        self.kind = kind  # message | reasoning | function_call | custom_tool_call
         self.index = index
         self.call = call
-        prefix = {"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]
+        prefix = {"message": "msg", "reasoning": "rs", "function_call": "fc"}.get(kind, "ctc")
         self.id = f"{prefix}_{uuid.uuid4().hex}"
         self.parts: list[str] = []
         self.broken = False  # a streamed call whose text then did not parse
@@ -84,6 +85,15 @@ class _Item:
             )
             return {"id": self.id, "type": "reasoning", "summary": [], "content": body}
         assert self.call is not None
+        if self.kind == "custom_tool_call":
+            return {
+                "id": self.id,
+                "type": "custom_tool_call",
+                "status": status,
+                "call_id": self.call.id,
+                "name": self.call.name,
+                "input": (self.call.input or "") if status != "in_progress" else "",
+            }
         return {
             "id": self.id,
             "type": "function_call",
@@ -199,6 +209,11 @@ class ResponsesOutput:
                 out += self._call_part(e)
             elif e.index in self._calls:
                 out += self._call_done(self._calls.pop(e.index), e)
+            elif e.input is not None:  # a custom tool's call: never streamed in parts
+                out += self._close()
+                item = _Item("custom_tool_call", len(self._items), e)
+                self._items.append(item)
+                out += self._custom_events(item, e.input)
             else:
                 out += self._call_part(ToolCallPart(e.index, e.id, e.name, e.arguments))
                 out += self._call_done(self._calls.pop(e.index), e)
@@ -254,6 +269,20 @@ class ResponsesOutput:
             ),
             self._event(
                 "response.output_item.done", output_index=item.index, item=item.json(status)
+            ),
+        ]
+
+    def _custom_events(self, item: _Item, text: str) -> list[bytes]:
+        # The input arrives whole (checked against its grammar first): one delta.
+        where = {"item_id": item.id, "output_index": item.index}
+        return [
+            self._event(
+                "response.output_item.added", output_index=item.index, item=item.json("in_progress")
+            ),
+            self._event("response.custom_tool_call_input.delta", **where, delta=text),
+            self._event("response.custom_tool_call_input.done", **where, input=text),
+            self._event(
+                "response.output_item.done", output_index=item.index, item=item.json("completed")
             ),
         ]
 

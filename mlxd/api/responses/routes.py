@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
@@ -22,6 +23,7 @@ from mlxd.api.http.decode import decode
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.lease import acquire, check_accepting, released_on_error
 from mlxd.api.priority import requested as requested_priority
+from mlxd.api.responses import compaction
 from mlxd.api.responses.render import ResponsesOutput
 from mlxd.api.responses.schema import ResponsesRequest, responses_request
 from mlxd.api.responses.store import owner_of
@@ -54,6 +56,10 @@ class ResponsesController(Controller):
     async def create(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:
         return await _create(request, mlxd)
 
+    @post("/compact", status_code=200)
+    async def compact(self, request: Request, mlxd: Mlxd) -> Response[Any] | Stream:
+        return await _create(request, mlxd, compact=True)
+
     @get("/{response_id:str}")
     async def retrieve(
         self, request: Request, mlxd: Mlxd, response_id: FromPath[str]
@@ -72,12 +78,25 @@ class ResponsesController(Controller):
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
-async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
+async def _create(
+    request: Request, state: AppState, *, compact: bool = False
+) -> Response[Any] | Stream:
     check_accepting(state)
     settings = state.settings
     body = await read_body(request, settings.limits.max_body_bytes)
     req = decode(body, ResponsesRequest)
     owner = _owner(request)
+    # Compaction (docs/agents.md): capsules expanded, a trigger made a summary row.
+    capsules = compaction.capsules_in(settings.server.state_dir)
+    key = caller_of(request.scope).owner
+    if compact:
+        trigger = [{"type": "compaction_trigger"}]
+        given = req.input if isinstance(req.input, list) else []
+        if isinstance(req.input, str):
+            given = [{"role": "user", "content": req.input}]
+        req = msgspec.structs.replace(req, input=[*given, *trigger], stream=False, store=False)
+    expanded, summarize = compaction.prepare(req.input, capsules, key)
+    req = msgspec.structs.replace(req, input=expanded)
     previous: tuple[dict, ...] = ()
     if req.previous_response_id is not None:
         stored = state.responses.get(req.previous_response_id, owner=owner)
@@ -99,10 +118,15 @@ async def _create(request: Request, state: AppState) -> Response[Any] | Stream:
     storing = call.store and caller_of(request.scope).stores_responses
 
     def keep(response: dict[str, Any], turn: dict[str, Any]) -> None:
-        if storing and call.generate:  # a warm-up has no turn to continue
+        # A warm-up has no turn to continue; a summary row's is its capsule.
+        if storing and call.generate and not summarize:
             state.responses.put(call.gen.id, response, (*call.history, turn), owner=owner)
 
     def make_output(accepted: Accepted, _lookup: CacheLookup) -> Output:
+        if summarize:
+            kind = compaction.CompactOutput if compact else compaction.CompactionOutput
+            seal = lambda summary: capsules.seal(summary, key)  # noqa: E731
+            return kind(call.gen.id, accepted.model, call.echo, seal)
         return ResponsesOutput(
             call.gen.id, accepted.model, call.echo, keep, warm_up=not call.generate
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from mlxd.api import params
+from mlxd.api import params, reasoning
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.images import Images
 from mlxd.api.openai.tools import plan_tools
@@ -147,6 +147,9 @@ def responses_request(
             "A JSON text.format and a forced tool call (tool_choice 'required' or a named "
             "function) cannot both constrain one answer.",
         )
+    thinking, budget = reasoning.effort(
+        (req.reasoning or {}).get("effort"), settings, "reasoning.effort"
+    )
     images = Images(settings)
     max_tokens = req.max_output_tokens or settings.sampling.max_tokens
     if req.generate is False:
@@ -156,13 +159,15 @@ def responses_request(
         prompt=ChatPrompt(
             resolve_images((*system, *history), images),
             plan.tools,
-            _thinking(req.reasoning),
+            thinking,
             images=tuple(images.parts),
         ),
         max_tokens=max_tokens,
         sampling=sampled,
         parse_tools=plan.parse,
         tools_ignored=plan.ignored,
+        custom_tools=plan.custom,
+        reasoning_budget=budget,
         constraint=constraint or plan.constraint,
         api="responses",
         fault=fault,
@@ -175,13 +180,6 @@ def responses_request(
         stream=bool(req.stream),
         generate=req.generate is not False,
     )
-
-
-def _thinking(reasoning: dict[str, Any] | None) -> tuple[tuple[str, object], ...]:
-    """``reasoning.effort`` "none" turns thinking off where the template has the switch."""
-    if reasoning and reasoning.get("effort") == "none":
-        return (("enable_thinking", False),)
-    return ()
 
 
 def _echo(req: ResponsesRequest, sampled: SamplingParams) -> dict[str, Any]:
@@ -201,7 +199,7 @@ def _echo(req: ResponsesRequest, sampled: SamplingParams) -> dict[str, Any]:
         "temperature": sampled.temperature,
         "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
         "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": [t for t in req.tools or [] if t.get("type") == "function"],
+        "tools": [t for t in req.tools or [] if t.get("type") in ("function", "custom")],
         "top_p": sampled.top_p,
         "truncation": "disabled",
         "user": req.user,

@@ -13,7 +13,7 @@ import time
 
 from mlxd.engine.channel import Channel
 from mlxd.engine.chat.core import EngineCore
-from mlxd.engine.chat.harmony import make_splitter
+from mlxd.engine.chat.freeform import make_row_output
 from mlxd.engine.chat.intake import Prepared, prepare
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.row import Row
@@ -107,7 +107,7 @@ def prepare_queued_again(core: EngineCore) -> None:
         )
         row.tokenizer = loaded.tokenizer
         row.text = TextStream(loaded.tokenizer.detokenizer, row.request.stop)
-        row.output = make_splitter(loaded, row.request, prepared.phase)
+        row.output = make_row_output(loaded, row.request, prepared.phase)
         row.matcher = prepared.constraint
         row.system_end, row.prompt_end = prepared.system_end, prepared.prompt_end
         row.images = prepared.images
@@ -154,7 +154,7 @@ def _row(
         max_tokens=prepared.max_tokens,
         text=TextStream(loaded.tokenizer.detokenizer, request.stop),
         tokenizer=loaded.tokenizer,
-        output=make_splitter(loaded, request, prepared.phase),
+        output=make_row_output(loaded, request, prepared.phase),
         matcher=prepared.constraint,
         received_mono=now_mono,
         received_wall=now_wall,

@@ -22,6 +22,7 @@ from mlxd.engine.chat import checkpoints
 from mlxd.engine.chat.grammar import ConstraintProcessor, GrammarError
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.output import initial_phase
+from mlxd.engine.chat.reasoning_budget import make_budget
 from mlxd.engine.chat.vision_intake import ImageSet, tokenize_images
 from mlxd.engine.checks import IntakeError, check_request
 from mlxd.engine.messages import (
@@ -150,7 +151,8 @@ class Prepared:
     extent: RowExtent
     # Where the output starts: "reasoning" when the prompt opened a think block.
     phase: str = "normal"
-    # The row's grammar, as a logits processor (mlxd.engine.chat.grammar).
+    # The row's grammar and thinking budget, as one logits processor
+    # (mlxd.engine.chat.grammar, mlxd.engine.chat.reasoning_budget).
     constraint: Any = None
     # Where the system prefix and the reusable prompt end (mlxd.engine.chat.checkpoints).
     system_end: int | None = None
@@ -230,6 +232,8 @@ def prepare(
         processor = constraint_processor(loaded, request.constraint, phase)
         if isinstance(processor, Failed):
             return processor
+    if chat:
+        processor = make_budget(loaded.tokenizer, request.reasoning_budget, phase, processor)
     system_end, prompt_end = None, len(prompt) - 1
     if isinstance(request.prompt, ChatPrompt):
         system_end = system_prefix_end(loaded, request.prompt, prompt)

@@ -15,13 +15,14 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mlx_lm.generate import TextStateMachine
 
 from mlxd.engine.chat.tool_scan import SCANNED
 from mlxd.engine.chat.tool_stream import PartialCall, read_partial
-from mlxd.engine.messages import ToolCall, ToolCallPart
+from mlxd.engine.custom_tools import INPUT, input_matches
+from mlxd.engine.messages import CustomTool, ToolCall, ToolCallPart
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,24 @@ class _Opened:
     id: str
     name: str
     sent: str = ""
+
+
+class RowOutput(Protocol):
+    """What a row feeds its text to (:class:`OutputSplitter`, or a forced custom
+    call's ``engine/chat/freeform.FreeformOutput``)."""
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def calls(self) -> int: ...
+
+    @property
+    def failed_calls(self) -> int: ...
+
+    def feed(self, text: str) -> Split: ...
+
+    def finish(self) -> Split: ...
 
 
 def initial_phase(tokenizer: Any, prompt: list[int]) -> str:
@@ -96,6 +115,7 @@ class OutputSplitter:
         initial: str = "normal",
         reasoning: bool = True,
         tool_format: str | None = None,
+        custom: tuple[CustomTool, ...] = (),
     ):
         edges = _transitions(tokenizer, tools=parse_tools, reasoning=reasoning)
         self._machine = TextStateMachine(edges) if edges else None
@@ -105,6 +125,7 @@ class OutputSplitter:
         )
         self._markers = (tokenizer.tool_call_start or "", tokenizer.tool_call_end or "")
         self._tools = [dict(t) for t in tools] or None
+        self._custom = {t.name: t for t in custom}
         self._tool_text: list[str] = []
         self._format = tool_format
         self._opened: list[_Opened] = []
@@ -162,8 +183,8 @@ class OutputSplitter:
         partials = _read_partial(self._format, raw, self._parser, self._tools)[:1]
         for k, partial in enumerate(partials):
             if k == len(self._opened):
-                if partial.name is None:
-                    return
+                if partial.name is None or partial.name in self._custom:
+                    return  # a custom tool's input is checked whole: it comes whole
                 opened = _Opened(self.calls + k, f"call_{uuid.uuid4().hex[:24]}", partial.name)
                 self._opened.append(opened)
                 out.tool_parts.append(ToolCallPart(opened.index, opened.id, opened.name, ""))
@@ -220,6 +241,15 @@ class OutputSplitter:
             args = json.loads(args)
         if not isinstance(args, dict):
             raise ValueError(f"arguments are not an object: {args!r}")
+        text = None
+        custom = self._custom.get(call["name"])
+        if custom is not None:
+            # A custom tool's one string, checked against its grammar.
+            text = args.get(INPUT)
+            if not isinstance(text, str) or set(args) != {INPUT}:
+                raise ValueError(f"a custom tool takes one string, {INPUT!r}: {args!r}")
+            if not input_matches(custom, text):
+                raise ValueError(f"the input to {custom.name!r} does not match its grammar")
         call_id = call.get("id") if isinstance(call.get("id"), str) else None
         if opened is not None:  # its id and index were sent with its first part
             call_id = opened.id
@@ -229,6 +259,7 @@ class OutputSplitter:
             id=call_id or f"call_{uuid.uuid4().hex[:24]}",
             name=call["name"],
             arguments=json.dumps(args, ensure_ascii=False),
+            input=text,
         )
         self.calls += 1
         return made
@@ -253,4 +284,5 @@ def make_output(loaded: Any, request: Any, phase: str) -> OutputSplitter:
         initial=phase,
         reasoning=chat,
         tool_format=loaded.info.tool_format,
+        custom=request.custom_tools,
     )

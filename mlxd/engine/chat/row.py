@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 import mlx.core as mx
 
 from mlxd.engine.channel import Channel
-from mlxd.engine.chat.harmony import HarmonySplitter
-from mlxd.engine.chat.output import OutputSplitter, Split
+from mlxd.engine.chat.output import RowOutput, Split
 from mlxd.engine.chat.stops import TextStream
 from mlxd.engine.messages import (
     CacheLookup,
@@ -58,7 +57,7 @@ class Row:
     max_tokens: int
     text: TextStream
     tokenizer: Any
-    output: OutputSplitter | HarmonySplitter
+    output: RowOutput
     received_mono: float
     received_wall: float
     phase: Phase = "pending"
@@ -70,6 +69,8 @@ class Row:
     prefill_done: int = 0
     prefill_total: int = 0
     generated: int = 0
+    # Of those, the tokens generated inside the model's think markers.
+    reasoning_tokens: int = 0
     # Every sampled token, end-of-sequence included (what the KV cache holds).
     generated_ids: list[int] = field(default_factory=list)
     # The head of the pending queue keeps its prompt-cache lookup while it waits.
@@ -164,6 +165,8 @@ class Row:
             self.phase = "decode"
         self.generated += 1
         self.generated_ids.append(token)
+        if self.output.phase == "reasoning":
+            self.reasoning_tokens += 1
         if is_eos:
             return False
         piece = self.text.add(token)
@@ -219,7 +222,7 @@ class Row:
         self.channel.push(failed)
 
     def usage(self) -> Usage:
-        return Usage(self.prompt_tokens, self.generated, self.cached_tokens)
+        return Usage(self.prompt_tokens, self.generated, self.cached_tokens, self.reasoning_tokens)
 
     def timings(self, now: float | None = None) -> Timings:
         now = time.monotonic() if now is None else now

@@ -53,7 +53,7 @@ def is_collective_error(exc: BaseException | str) -> bool:
 class GrammarSpec(msgspec.Struct, frozen=True, array_like=True):
     """A row's grammar (:class:`mlxd.engine.messages.Constraint`) on the wire."""
 
-    kind: Literal["json", "tools"]
+    kind: Literal["json", "tools", "custom"]
     grammar: str
     key: str
     tool_format: str | None
@@ -84,6 +84,8 @@ class RowSpec(msgspec.Struct, frozen=True, array_like=True):
     # Prompt tokens it starts from out of the prompt cache: admission may keep less
     # of the hit than the lookup found (docs/batching.md, "Admission never wedges").
     cached: int = -1
+    # The row's thinking budget (mlxd.engine.chat.reasoning_budget): every rank forces alike.
+    reasoning_budget: int | None = None
 
 
 class Fetch(msgspec.Struct, frozen=True, tag="fetch", array_like=True):

@@ -14,6 +14,7 @@ from mlxd.engine.channel import Channel
 from mlxd.engine.chat.intake import constraint_processor
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.output import OutputSplitter
+from mlxd.engine.chat.reasoning_budget import make_budget
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.stops import TextStream
 from mlxd.engine.cluster.plan import GrammarSpec, RowSpec
@@ -57,6 +58,7 @@ def row_spec(row: Row) -> RowSpec:
         constraint=GrammarSpec(c.kind, c.grammar, c.key, c.tool_format) if c else None,
         reasoning=row.matcher is not None and not getattr(row.matcher, "active", True),
         cached=row.extent.cached,
+        reasoning_budget=r.reasoning_budget,
     )
 
 
@@ -93,14 +95,16 @@ def follower_row(spec: RowSpec, loaded: LoadedModel) -> Row:
         top_logprobs=spec.top_logprobs,
         fault=spec.fault,
         constraint=constraint,
+        reasoning_budget=spec.reasoning_budget,
     )
     matcher = None
+    phase = "reasoning" if spec.reasoning else "normal"
     if constraint is not None:
         # The same grammar mask rank 0 applies: every rank must sample the same tokens.
-        phase = "reasoning" if spec.reasoning else "normal"
         matcher = constraint_processor(loaded, constraint, phase)
         if isinstance(matcher, Failed):
             raise Desync(f"this rank cannot build the row's grammar: {matcher.message}")
+    matcher = make_budget(loaded.tokenizer, spec.reasoning_budget, phase, matcher)
     tokenizer = loaded.tokenizer
     return Row(
         request=request,
