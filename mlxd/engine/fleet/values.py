@@ -85,6 +85,9 @@ class ModelState:
     capabilities: dict[str, Any]
     # The engine's own numbers (rows, queue, tokens) when loaded; {} otherwise.
     engine: dict[str, Any]
+    # What loading it reserves (weights estimated from its files, or the demo
+    # model's, plus its prompt-cache cap); what it holds once loaded.
+    load_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
