@@ -1,0 +1,47 @@
+"""A ``[memory] budget`` that can never hold the default chat model (issue 33 item 5).
+
+The budget is kept (the file is what the operator asked for), but ``/ready``
+answers 503 with the numbers, the reload warns, and ``/stats`` says it, until
+the budget is raised.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.daemon import toml_config
+
+
+@pytest.fixture(scope="module")
+def daemon(apps, tiny_models):
+    return apps.get(_config(tiny_models, "auto"), name="fleet-config")
+
+
+def _config(tiny_models, budget: str) -> str:
+    return toml_config(
+        memory={"budget": budget},
+        models={"tiny": {"path": str(tiny_models("llama"))}},
+    )
+
+
+def test_a_budget_that_can_never_hold_the_default_model_makes_ready_503(daemon, tiny_models):
+    assert httpx.get(f"{daemon.url}/ready").status_code == 200
+    daemon.write_config(_config(tiny_models, "1MiB"))
+    try:
+        answer = daemon.reload().json()
+        assert answer["outcome"] == "applied", answer
+        (warning,) = answer["warnings"]
+        assert "can never hold the default model tiny" in warning
+        ready = httpx.get(f"{daemon.url}/ready")
+        assert ready.status_code == 503
+        assert "can never hold the default model tiny" in ready.json()["reason"]
+        assert "1.0 MiB" in ready.json()["reason"]
+        assert daemon.stats()["fleet"]["over_budget"] == warning
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        refused = httpx.post(f"{daemon.url}/v1/chat/completions", json=body, timeout=60)
+        assert refused.json()["error"]["code"] == "model_too_large"
+    finally:
+        daemon.write_config(_config(tiny_models, "auto"))
+        assert daemon.reload().json()["warnings"] == []
+    assert httpx.get(f"{daemon.url}/ready").status_code == 200
