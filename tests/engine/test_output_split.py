@@ -221,3 +221,17 @@ def test_enable_thinking_reaches_the_template_and_sets_the_starting_phase(tokeni
     assert initial_phase(tok, thinking) == "reasoning"
     off = tok.apply_chat_template(msgs, add_generation_prompt=True, enable_thinking=False)
     assert initial_phase(tok, off) == "normal"
+
+
+def test_a_call_repeated_verbatim_is_sent_once(tokenizers):
+    """Issue 33 item 3: the demo model under tool_choice "required" repeated its call."""
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n'
+    same = '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "city": "Paris"}}\n'
+    other = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "c"}}\n'
+    text = f"{one}</tool_call>\n{same}</tool_call>\n{other}</tool_call>"
+    for chunks in every_cut(text)[:40]:
+        out = run(OutputSplitter(tokenizers("hermes"), parse_tools=True), chunks)
+        assert calls(out) == [
+            (0, "get_weather", {"city": "Paris", "unit": "c"}),
+            (1, "get_weather", {"city": "Rome", "unit": "c"}),
+        ], chunks

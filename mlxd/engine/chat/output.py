@@ -89,6 +89,10 @@ class OutputSplitter:
         self.phase = initial
         self.calls = 0
         self.failed_calls = 0
+        # (name, arguments) of the calls sent: a call repeated verbatim in one answer
+        # is dropped (a small model under tool_choice "required", allowed several
+        # calls, repeats its one call; running it twice helps no client).
+        self._sent: set[tuple[str, str]] = set()
 
     def feed(self, text: str) -> Split:
         out = Split()
@@ -134,7 +138,7 @@ class OutputSplitter:
         try:
             parsed = self._parser(raw, self._tools)
             calls = parsed if isinstance(parsed, list) else [parsed]
-            made = [self._tool_call(c) for c in calls]
+            made = [m for m in (self._tool_call(c) for c in calls) if m is not None]
         except Exception as exc:  # every parser raises its own kind
             self.failed_calls += 1
             logger.warning("a tool call did not parse (%s); sent as text", exc)
@@ -143,7 +147,7 @@ class OutputSplitter:
             return
         out.tool_calls.extend(made)
 
-    def _tool_call(self, call: Any) -> ToolCall:
+    def _tool_call(self, call: Any) -> ToolCall | None:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             raise ValueError(f"not a tool call: {call!r}")
         args = call.get("arguments", {})
@@ -151,6 +155,11 @@ class OutputSplitter:
             args = json.loads(args)
         if not isinstance(args, dict):
             raise ValueError(f"arguments are not an object: {args!r}")
+        seen = (call["name"], json.dumps(args, sort_keys=True))
+        if seen in self._sent:
+            logger.info("a tool call repeated verbatim in one answer was dropped: %s", seen[0])
+            return None
+        self._sent.add(seen)
         call_id = call.get("id") if isinstance(call.get("id"), str) else None
         made = ToolCall(
             index=self.calls,
