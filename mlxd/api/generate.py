@@ -309,9 +309,13 @@ def _ending(state: AppState, caller: Caller, note: Note, accepted: Accepted) -> 
     """What runs once when the request ends: its key's tokens, the log line, the metrics."""
 
     def done(outcome: Finished | Failed) -> None:
-        if isinstance(outcome, Finished) and caller.spends_quota:
+        if isinstance(outcome, Finished):
             usage = outcome.usage
-            state.quotas.spend(caller.who, usage.prompt_tokens + usage.completion_tokens)
+            tokens = usage.prompt_tokens + usage.completion_tokens
+            if caller.spends_quota:
+                state.quotas.spend(caller.who, tokens)
+            else:  # a Batch API line: in the key's totals, not its quotas
+                state.quotas.count_outside(caller.who, tokens=tokens)
         note.ended(outcome)
         state.observe(accepted, outcome)
 
