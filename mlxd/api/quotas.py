@@ -133,7 +133,7 @@ class Quotas:
         usage.tokens_total += tokens
 
     def count_outside(self, who: Who | None, *, requests: int = 0, tokens: int = 0) -> None:
-        """Count a Batch API line of ``who`` in the key's totals only (it runs outside its quotas)."""
+        """Count a Batch API line of ``who`` in the key's totals only (not in its quotas)."""
         if who is None:
             return
         usage = self._of(who.name)
