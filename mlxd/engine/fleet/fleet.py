@@ -42,8 +42,8 @@ from mlxd.engine.fleet.slots import TICK_S, EngineMaker, Slots
 from mlxd.engine.fleet.status import chat_snapshots, fleet_view
 from mlxd.engine.fleet.unloading import Unloads
 from mlxd.engine.fleet.values import FleetApplied, FleetRefusal, FleetStatus, ModelState
-from mlxd.engine.messages import Failed
 from mlxd.engine.memory import MemoryPool
+from mlxd.engine.messages import Failed
 from mlxd.engine.snapshot import Snapshot
 
 if TYPE_CHECKING:
