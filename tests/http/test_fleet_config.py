@@ -1,4 +1,5 @@
-"""A ``[memory] budget`` that can never hold the default chat model (issue 33 item 5).
+"""An unloaded default chat model as the dashboard shows it, and a ``[memory] budget``
+that can never hold it (issue 33 items 6 and 5).
 
 The budget is kept (the file is what the operator asked for), but ``/ready``
 answers 503 with the numbers, the reload warns, and ``/stats`` says it, until
@@ -23,6 +24,16 @@ def _config(tiny_models, budget: str) -> str:
         memory={"budget": budget},
         models={"tiny": {"path": str(tiny_models("llama"))}},
     )
+
+
+def test_the_status_bar_names_an_unloaded_default_model(daemon):
+    """Issue 33 item 6, as served: not "(no model)", not "model cannot batch: serial"."""
+    assert {m["id"]: m["state"] for m in daemon.stats()["fleet"]["models"]} == {
+        "tiny": "unloaded"
+    }
+    html = httpx.get(f"{daemon.url}/dashboard/status-bar").text
+    assert "<h1>tiny</h1>" in html and "model unloaded" in html, html
+    assert "(no model)" not in html and "cannot batch" not in html
 
 
 def test_a_budget_that_can_never_hold_the_default_model_makes_ready_503(daemon, tiny_models):
