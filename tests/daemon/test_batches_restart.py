@@ -176,15 +176,9 @@ def test_a_batch_on_a_path_less_demo_entry_resumes_after_a_restart(tmp_path: Pat
         assert daemon.stop() == 0
     daemon = Daemon(tmp_path, toml_config(models=models)).start()
     try:
-<<<<<<< Updated upstream
         assert _wait_for(daemon, batch.id, 3, timeout=60) == 3, daemon.log()[-2000:]
         (minilm,) = [m for m in daemon.stats()["fleet"]["models"] if m["id"] == "minilm"]
         assert minilm["path"] is None and minilm["load_bytes"] > 0
-=======
-        (minilm,) = [m for m in daemon.stats()["fleet"]["models"] if m["id"] == "minilm"]
-        assert minilm["path"] is None and minilm["load_bytes"] > 0
-        assert _wait_for(daemon, batch.id, 3, timeout=60) == 3, daemon.log()[-2000:]
->>>>>>> Stashed changes
         assert _done(daemon, batch.id) == ("completed", 3) or _wait_completed(daemon, batch.id)
     finally:
         daemon.stop()
