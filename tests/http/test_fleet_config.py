@@ -28,9 +28,7 @@ def _config(tiny_models, budget: str) -> str:
 
 def test_the_status_bar_names_an_unloaded_default_model(daemon):
     """Issue 33 item 6, as served: not "(no model)", not "model cannot batch: serial"."""
-    assert {m["id"]: m["state"] for m in daemon.stats()["fleet"]["models"]} == {
-        "tiny": "unloaded"
-    }
+    assert {m["id"]: m["state"] for m in daemon.stats()["fleet"]["models"]} == {"tiny": "unloaded"}
     html = httpx.get(f"{daemon.url}/dashboard/status-bar").text
     assert "<h1>tiny</h1>" in html and "model unloaded" in html, html
     assert "(no model)" not in html and "cannot batch" not in html
