@@ -54,3 +54,19 @@ def test_a_budget_that_can_never_hold_the_default_model_makes_ready_503(daemon, 
         daemon.write_config(_config(tiny_models, "auto"))
         assert daemon.reload().json()["warnings"] == []
     assert httpx.get(f"{daemon.url}/ready").status_code == 200
+
+
+def test_a_reload_that_renames_the_model_says_the_old_id_is_gone(daemon, tiny_models):
+    """Issue 33 item 2: the reload's answer names what clients lose."""
+    renamed = toml_config(models={"small": {"path": str(tiny_models("llama")), "pin": True}})
+    daemon.write_config(renamed)
+    try:
+        answer = daemon.reload().json()
+        assert answer["outcome"] == "applied", answer
+        (note,) = answer["notes"]
+        assert "model tiny is no longer configured" in note and "404" in note
+        assert f"reload (POST /admin/reload): {note}" in daemon.log()
+    finally:
+        daemon.write_config(_config(tiny_models, "auto"))
+        back = daemon.reload().json()
+    assert any("model small is no longer configured" in n for n in back["notes"])
