@@ -182,7 +182,11 @@ def _hermes(tools: list[dict[str, Any]], most: int) -> str:
     strict = all(t["strict"] for t in tools)
     body = _json_rule({"anyOf": options}, strict)
     more = f' ("\\n" call){{0,{most - 1}}}' if most > 1 else ""
-    return f'start: call{more}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: {body}\n'
+    # After a call, "\n" may open the next one or end the answer, and a second
+    # "\n" (what a model that wants to go on in prose writes) ends it: a "\n" that
+    # could only open another call made a small model repeat its call (issue 33).
+    end = ' ("\\n" "\\n"?)?' if most > 1 else ""
+    return f'start: call{more}{end}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: {body}\n'
 
 
 def _own_resource(parameters: dict[str, Any], i: int) -> dict[str, Any]:

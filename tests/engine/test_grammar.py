@@ -363,3 +363,18 @@ def test_bounded_numbers_keeps_what_the_schema_says():
     assert props["c"]["maximum"] == 10**18 + NUMBER_BOUND and "minimum" not in props["c"]
     assert props["enum"] == {"enum": [{"type": "integer"}]}  # data, not a schema
     assert "minimum" not in schema["properties"]["a"]  # the request's schema is not changed
+
+
+def test_json_tools_grammar_lets_a_newline_end_the_calls(tok):
+    """Issue 33 item 3: after a call, "\\n" could only open another call, so the demo
+    model, which writes "\\n" after "</tool_call>", repeated its call under "required"."""
+    g = Grammars(make_ll_tokenizer(tok, WIDTH), WIDTH)
+    tools = [{"name": "f", "parameters": {"type": "object"}, "strict": False}]
+    c = tool_constraint(tools, tool_format="json_tools", parallel=True, param="tool_choice")
+    call = '<tool_call>\n{"name":"f","arguments":{}}\n</tool_call>'
+    for tail in ("", "\n", "\n\n", "\n" + call):  # the last: parallel calls still work
+        matcher = g.matcher(c)
+        assert matcher.consume_tokens(tok.encode(call + tail, add_special_tokens=False)), tail
+        assert matcher.is_accepting(), repr(tail)
+    matcher = g.matcher(c)
+    assert not matcher.consume_tokens(tok.encode(call + "\n\nmore", add_special_tokens=False))
