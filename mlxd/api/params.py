@@ -77,6 +77,29 @@ def max_tokens(name: str, value: int | None, settings: Settings) -> int | None:
     return value
 
 
+def clamped_max_tokens(
+    name: str, value: int | None, settings: Settings
+) -> tuple[int | None, int | None]:
+    """A request's token cap, clamped to ``[limits] max_tokens``, and what was asked if above.
+
+    Agents ask for long budgets (opencode 32000, Claude Code 32000) and expect
+    the server to stop at its own limit: the answer ends there with
+    ``finish_reason`` ``length`` (``X-Mlxd-Max-Tokens`` says so). Below 1 is
+    still a 400 (a non-integer is refused by the schema).
+    """
+    if value is None:
+        return None, None
+    limit = settings.limits.max_tokens
+    if value > limit:
+        return limit, value
+    return max_tokens(name, value, settings), None
+
+
+def max_tokens_header(limit: int, asked: int) -> str:
+    """``X-Mlxd-Max-Tokens``'s value when a request's cap was clamped."""
+    return f"{limit}; requested={asked}"
+
+
 def sampling(
     settings: Settings,
     *,

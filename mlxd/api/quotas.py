@@ -132,6 +132,14 @@ class Quotas:
         usage.token_sum += tokens
         usage.tokens_total += tokens
 
+    def count_outside(self, who: Who | None, *, requests: int = 0, tokens: int = 0) -> None:
+        """Count a Batch API line of ``who`` in the key's totals only (not in its quotas)."""
+        if who is None:
+            return
+        usage = self._of(who.name)
+        usage.requests_total += requests
+        usage.tokens_total += max(tokens, 0)
+
     def usage(self, name: str) -> KeyUsage:
         usage = self._usage.get(name)
         if usage is None:

@@ -29,6 +29,7 @@ from mlxd.config import (
     reload_class,
     shown_value,
 )
+from mlxd.config.registry import registry_notes
 from mlxd.modelcheck import registry_problems
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ class ReloadResult:
     evicted: list[str] = field(default_factory=list)
     # What took effect but leaves the daemon unable to serve (an over-committed budget).
     warnings: list[str] = field(default_factory=list)
+    # What the model changes mean for clients: an id removed or renamed, a pin lost.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -198,6 +201,7 @@ def check(
             return None, result
     result.ok = True
     result.changes = diff(state.settings, new)
+    result.notes = registry_notes(old, new)
     result.restart_required = [c.key for c in result.changes if c.reload == "restart"]
     return new, result
 
@@ -236,6 +240,8 @@ async def reload_from_file(
             logger.info(
                 "reload (%s): unloaded %s to fit [memory] budget", trigger, ", ".join(done.evicted)
             )
+        for note in result.notes:
+            logger.warning("reload (%s): %s", trigger, note)
         if done.over_budget:
             result.warnings.append(done.over_budget)
             logger.warning("reload (%s): %s", trigger, done.over_budget)

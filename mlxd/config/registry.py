@@ -39,12 +39,56 @@ def single_id(model: ModelSettings) -> str:
 
 
 def registry(settings: Settings) -> dict[str, ModelEntry]:
-    """Every configured model by id, in the file's order."""
+    """Every configured model by id, in the file's order.
+
+    A ``[models.<id>]`` chat entry with no ``path`` (the built-in demo model)
+    also answers as ``SmolLM2-135M-Instruct``, the id it had under ``[model]``,
+    unless another entry has that id or alias: moving the demo model into the
+    registry (the README's embedding recipe) keeps clients' model id working.
+    """
     if settings.models:
-        return dict(settings.models)
+        return _with_demo_alias(dict(settings.models))
     model = settings.model
     entry = ModelEntry(**model.model_dump(), default=True, pin=True)
     return {single_id(model): entry}
+
+
+def _with_demo_alias(entries: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
+    if DEMO_MODEL_ID in entries or any(
+        DEMO_MODEL_ID in e.aliases or any(fnmatch.fnmatchcase(DEMO_MODEL_ID, a) for a in e.aliases)
+        for e in entries.values()
+    ):
+        return entries
+    for model_id, entry in entries.items():
+        if entry.kind == "chat" and entry.path is None:
+            aliases = [*entry.aliases, DEMO_MODEL_ID]
+            entries[model_id] = entry.model_copy(update={"aliases": aliases})
+            break
+    return entries
+
+
+def registry_notes(old: Settings, new: Settings) -> list[str]:
+    """What a reload's model changes mean for clients: an id gone or renamed, a pin lost."""
+    before, after = registry(old), registry(new)
+    notes = []
+    for model_id, entry in before.items():
+        successor = model_id if model_id in after else resolve(new, model_id, entry.kind)
+        if successor is None:
+            notes.append(
+                f"model {model_id} is no longer configured: requests naming it get 404 "
+                "model_not_found (add it to a model's aliases to keep the name)"
+            )
+            continue
+        if successor != model_id:
+            notes.append(f"model {model_id} is now served as {successor} (it answers as an alias)")
+        if entry.pin and not after[successor].pin:
+            keep = after[successor].keep_alive
+            notes.append(
+                f"{successor} is no longer pinned: it loads on its first request and unloads "
+                f"after keep_alive ({keep if isinstance(keep, str) else f'{keep:g}s'}) idle; "
+                "set pin = true in its table to keep it loaded"
+            )
+    return notes
 
 
 def for_model(settings: Settings, model_id: str) -> Settings:

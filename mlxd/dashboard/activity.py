@@ -119,7 +119,9 @@ def counters(s: dict[str, Any], now: float) -> Formatted:
         "rejected": [(reason, count(n)) for reason, n in sorted(c["rejected"].items())],
         "rejected_total": count(sum(c["rejected"].values())),
         "lane_reasons": [(reason, count(n)) for reason, n in sorted(c["lane_reasons"].items())],
-        "hit_rate": percent(pc["hits"], lookups),
+        # By tokens, as the prompt-cache panel counts it: a lookup that reused part
+        # of its prompt is a hit by count but a miss there (issue 33).
+        "hit_rate": percent(pc["cached_tokens_served"], c["prompt_tokens"]),
         "hits": count(pc["hits"]),
         "lookups": count(lookups),
         # Counted at admission, as each row's "cached" is (issue 22: the count by completed

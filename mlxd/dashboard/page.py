@@ -64,8 +64,9 @@ def dashboard_state(
     state["process"] = {"rss_bytes": rss_bytes, "rss_label": rss_label}
     state["log_tail"] = [asdict(e) for e in logtail.TAIL.entries()] if admin else None
     state["admin"] = admin
+    state["daemon_started_at"] = mlxd.started_at
     state["keys"] = keys_stats(mlxd)
-    if fleet:  # only the models panel reads it
+    if fleet:  # only the models panel and the status bar read it
         state |= panel_state(request, mlxd, admin)
     state |= batches_state(request, mlxd, admin)
     return state
@@ -91,7 +92,8 @@ class DashboardController(Controller):
         """One region's partial: its root element, ready to replace itself (outerHTML)."""
         region = request.url.path.rstrip("/").rsplit("/", 1)[-1]
         now = time.time()
-        state = dashboard_state(request, mlxd, now, fleet=region == "models")
+        # The status bar names the default model from the fleet while it is unloaded.
+        state = dashboard_state(request, mlxd, now, fleet=region in ("models", "status-bar"))
         return render(f"partials/{region}.html", v=format_region(region, state, now))
 
 

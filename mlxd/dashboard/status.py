@@ -23,10 +23,24 @@ from mlxd.dashboard.formatting import (
 )
 
 
+def _default_chat(s: dict[str, Any]) -> dict[str, Any] | None:
+    """The fleet's default chat model (``/stats`` ``fleet.models``), when the state has it."""
+    models = (s.get("fleet") or {}).get("models") or []
+    return next((m for m in models if m.get("default") and m.get("kind") == "chat"), None)
+
+
 def status_bar(s: dict[str, Any], now: float) -> Formatted:
     model, batch, runtime, config = s["model"], s["batch"], s["runtime"], s["config"]
+    # An unloaded default model has no engine numbers yet: say what the fleet says of it
+    # (its id, "unloaded"), not "(no model)" and "cannot batch" (issue 33).
+    default = _default_chat(s)
+    loaded = default is None or default["state"] == "loaded"
+    name = model["name"] or (default["id"] if default is not None else None)
+    status = model["status"] if loaded or default is None else default["state"]
     if s["mode"] == "serial":
         mode = "serial"
+    elif not loaded:
+        mode = f"batch {batch['configured']} (model {status}: loads on its first request)"
     elif batch["batched"]:
         mode = f"batch {batch['configured']}"
     else:
@@ -35,8 +49,8 @@ def status_bar(s: dict[str, Any], now: float) -> Formatted:
     if runtime.get("blas_threads"):
         blas += f", {runtime['blas_threads']} threads"
     return {
-        "model": model["name"] or "(no model)",
-        "model_status": model["status"],
+        "model": name or "(no model)",
+        "model_status": status,
         "model_error": model["error"],
         "family": model["family"] or "—",
         "context": count(model["context"]) if model["context"] else "—",
@@ -46,7 +60,10 @@ def status_bar(s: dict[str, Any], now: float) -> Formatted:
         "stalled_reason": s.get("stalled_reason"),
         # The loaded models fill [memory] budget: no request can be served (issue 22).
         "over_budget": (s.get("fleet") or {}).get("over_budget"),
-        "uptime": duration(s["uptime_s"]),
+        # The daemon's age (the HTTP side adds it), not the default engine's.
+        "uptime": duration(now - s["daemon_started_at"])
+        if s.get("daemon_started_at")
+        else duration(s["uptime_s"]),
         "config_version": config["version"],
         "config_applied": clock(config["applied_at"]),
         "config_applied_iso": iso(config["applied_at"]),

@@ -85,6 +85,52 @@ def validate_constraint(constraint: Constraint, param: str) -> None:
         )
 
 
+# A number in a constrained answer: at most 15 digits before the point and 6
+# after, no exponent, unless the schema bounds it itself. An unbounded
+# "integer" let a small model write digits until max_tokens (issue 33).
+NUMBER_BOUND = 10**15 - 1
+NUMBER_STEP = 1e-6
+# Values that are data, not subschemas: never rewritten.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def bounded_numbers(schema: Any) -> Any:
+    """``schema`` with a digit cap on every number it leaves unbounded (a copy; pure).
+
+    An ``integer`` or ``number`` subschema without ``minimum`` (``exclusiveMinimum``)
+    gets ``minimum: -NUMBER_BOUND``, likewise ``maximum``; a ``number`` without
+    ``multipleOf`` gets ``multipleOf: NUMBER_STEP``. Bounds the schema sets stay.
+    """
+    if isinstance(schema, list):
+        return [bounded_numbers(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in _DATA_KEYWORDS else bounded_numbers(v)) for k, v in schema.items()}
+    kind = schema.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind}
+    if kinds & {"integer", "number"} and all(isinstance(k, str) for k in kinds):
+        low = _bound(schema, "minimum", "exclusiveMinimum")
+        high = _bound(schema, "maximum", "exclusiveMaximum")
+        if low is None:
+            out["minimum"] = (
+                -NUMBER_BOUND if high is None else min(-NUMBER_BOUND, high - NUMBER_BOUND)
+            )
+        if high is None:
+            out["maximum"] = NUMBER_BOUND if low is None else max(NUMBER_BOUND, low + NUMBER_BOUND)
+        if "number" in kinds and "multipleOf" not in schema:
+            out["multipleOf"] = NUMBER_STEP
+    return out
+
+
+def _bound(schema: dict[str, Any], *keys: str) -> float | None:
+    """The schema's own bound among ``keys`` (a draft-4 boolean ``exclusive*`` is none)."""
+    for key in keys:
+        value = schema.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def _schema_options(strict: bool) -> JsonCompileOptions:
     # Compact JSON (no free whitespace a random or small model could loop in).
     return {"whitespace_flexible": False, "lenient": not strict}
@@ -102,7 +148,9 @@ def json_constraint(schema: Any, *, strict: bool, param: str) -> Constraint:
             param=param,
         )
     try:
-        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_schema_options(strict))
+        grammar = LLMatcher.grammar_from_json_schema(
+            bounded_numbers(schema), defaults=_schema_options(strict)
+        )
     except (ValueError, TypeError) as exc:
         raise StructureError(
             f"The schema is not valid: {short(str(exc))}", code="invalid_schema", param=param
@@ -111,7 +159,7 @@ def json_constraint(schema: Any, *, strict: bool, param: str) -> Constraint:
 
 
 def _json_rule(schema: dict[str, Any], strict: bool) -> str:
-    with_options = {**schema, "x-guidance": _schema_options(strict)}
+    with_options = {**bounded_numbers(schema), "x-guidance": _schema_options(strict)}
     return "%json " + json.dumps(with_options, ensure_ascii=False)
 
 

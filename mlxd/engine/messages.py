@@ -162,6 +162,9 @@ class GenerationRequest:
     # How many tools the HTTP side left out because the model cannot call
     # tools (tool_choice auto or absent); said in a header and the log line.
     tools_ignored: int = 0
+    # The max_tokens the client asked for when it was above [limits] max_tokens
+    # (clamped to it; said in X-Mlxd-Max-Tokens), else None.
+    max_tokens_asked: int | None = None
     # Who asks and how urgently (issue 23): the priority class the scheduler
     # orders waiting requests by ("batch" is the Batch API's idle-time class),
     # and the NAME of the API key that sent it (never the secret), or None.

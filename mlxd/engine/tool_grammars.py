@@ -56,7 +56,11 @@ def _json_tools(b: Builder, tools: list[Tool], most: int) -> str:
     ]
     body = b.json_rule({"anyOf": options}, all(t["strict"] for t in tools))
     call = b.rule(f'"<tool_call>\\n" {body} "\\n</tool_call>"')
-    return b.repeat(lambda _: call, most, "\n")
+    calls = b.repeat(lambda _: call, most, "\n")
+    # After a call, "\n" may open the next one or end the answer, and a second
+    # "\n" (what a model that wants to go on in prose writes) ends it: a "\n" that
+    # could only open another call made a small model repeat its call (issue 33).
+    return f'{calls} ("\\n" "\\n"?)?' if most > 1 else calls
 
 
 def _own_resource(tool: Tool, i: int) -> dict[str, Any]:

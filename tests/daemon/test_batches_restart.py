@@ -8,12 +8,15 @@ starting over. A corrupt database is set aside with a warning at start.
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import re
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support.daemon import Daemon, toml_config
 
@@ -139,3 +142,51 @@ def test_a_corrupt_database_or_input_file_is_a_warning_not_a_crash(tmp_path: Pat
         assert got.errors.data[0].code == "file_corrupt"
     finally:
         daemon.stop()
+
+
+def test_a_batch_on_a_path_less_demo_entry_resumes_after_a_restart(tmp_path: Path, tiny_models):
+    """Issue 33 item 1: an unloaded demo entry (no ``path``) fits, so its lines start.
+
+    The batch waits outside ``[batches] hours`` in the first daemon; the second
+    (no hours) must run it on the demo embedding model, which is not loaded.
+    """
+    pytest.importorskip("mlx_embeddings")
+    now = dt.datetime.now()
+    later = f"{(now + dt.timedelta(hours=2)):%H:%M}-{(now + dt.timedelta(hours=3)):%H:%M}"
+    models = {"chat": {"path": str(tiny_models("llama"))}, "minilm": {"kind": "embedding"}}
+    daemon = Daemon(tmp_path, toml_config(models=models, batches={"hours": later})).start()
+    lines = [
+        {
+            "custom_id": f"e{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "minilm", "input": f"line {i}"},
+        }
+        for i in range(3)
+    ]
+    try:
+        client = daemon.openai()
+        data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        uploaded = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        assert _done(daemon, batch.id)[1] == 0
+    finally:
+        assert daemon.stop() == 0
+    daemon = Daemon(tmp_path, toml_config(models=models)).start()
+    try:
+        assert _wait_for(daemon, batch.id, 3, timeout=60) == 3, daemon.log()[-2000:]
+        (minilm,) = [m for m in daemon.stats()["fleet"]["models"] if m["id"] == "minilm"]
+        assert minilm["path"] is None and minilm["load_bytes"] > 0
+        assert _done(daemon, batch.id) == ("completed", 3) or _wait_completed(daemon, batch.id)
+    finally:
+        daemon.stop()
+
+
+def _wait_completed(daemon: Daemon, batch_id: str) -> bool:
+    deadline = time.monotonic() + 30
+    while _done(daemon, batch_id)[0] != "completed":
+        assert time.monotonic() < deadline, _done(daemon, batch_id)
+        time.sleep(0.1)
+    return True

@@ -142,6 +142,16 @@ def test_panels_at_desktop_and_phone_widths(daemon: Daemon, pages, tmp_path: Pat
             "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
         )
         assert overflow <= 0, f"the page scrolls sideways by {overflow}px on a phone"
+    # Issue 33: a menu of the panels, kept at the top of the view, jumps to any of them.
+    phone.locator("#jump a[href='#prompt-cache']").click()
+    phone.wait_for_function(
+        "() => { const r = document.getElementById('prompt-cache').getBoundingClientRect();"
+        " return r.top >= 0 && r.top < 120; }",
+        timeout=WAIT_MS,
+    )
+    box = phone.locator("#jump").bounding_box()
+    assert box is not None and abs(box["y"]) < 2, box  # still in view, at the top
+    assert not page.locator("#jump").is_visible()  # a desktop has room for every panel
     # The screen an operator scrolls to: the running and waiting requests as cards.
     phone.evaluate("document.getElementById('active-rows').scrollIntoView()")
     _shot(phone, "dashboard-phone.png", tmp_path, full_page=False)

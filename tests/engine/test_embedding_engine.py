@@ -364,6 +364,9 @@ def test_without_the_extra_the_load_fails_naming_the_install(tiny_embedding_mode
     engine.start()
     assert not engine.wait_loaded(60)
     assert "pip install 'mlxd[embeddings]'" in (engine.load_error or "")
+    # Issue 33 item 7: the command names this environment's Python, and the Make target.
+    assert f"{sys.executable} -m pip install" in (engine.load_error or "")
+    assert "make embeddings" in (engine.load_error or "")
     assert refusal(engine, ["x"]).status == 503
     engine.stop()
 

@@ -293,3 +293,88 @@ def test_hermes_tool_parameters_are_the_root_of_their_own_refs(tok, grammars):
     text = '<tool_call>\n{"name":"weather","arguments":{"where":"Rome"}}\n</tool_call>'
     assert matcher.consume_tokens(tok.encode(text, add_special_tokens=False))
     assert matcher.is_accepting()
+
+
+def _longest(matcher: Any, tok: Any, prefix: str, text: str) -> int:
+    """How many characters of ``text`` the matcher takes after ``prefix``."""
+    assert matcher.consume_tokens(tok.encode(prefix, add_special_tokens=False))
+    taken = 0
+    for ch in text:
+        if not matcher.consume_tokens(tok.encode(ch, add_special_tokens=False)):
+            break
+        taken += 1
+    return taken
+
+
+def test_numbers_a_schema_leaves_unbounded_stop_after_15_digits(tok, grammars):
+    """Issue 33 item 4: docs/tools.md's ``population_millions: int`` ran to max_tokens."""
+    city = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "population_millions": {"type": "integer"}},
+        "required": ["population_millions"],
+    }
+    c = json_constraint(city, strict=True, param="response_format")
+    assert _longest(grammars.matcher(c), tok, '{"population_millions":', "1" * 40) == 15
+    ratio = {"type": "object", "properties": {"r": {"type": "number"}}, "required": ["r"]}
+    c = json_constraint(ratio, strict=True, param="response_format")
+    assert _longest(grammars.matcher(c), tok, '{"r":1.', "1" * 40) == 6  # 6 decimals
+    # A bound the schema sets itself stays (here more digits than the default cap).
+    big = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 10**17}}}
+    c = json_constraint(big, strict=True, param="response_format")
+    assert _longest(grammars.matcher(c), tok, '{"n":', "1" * 40) == 17
+    # Enforced tool arguments get the same cap.
+    tools = [
+        {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
+            "strict": False,
+        }
+    ]
+    c = tool_constraint(tools, tool_format="json_tools", parallel=False, param="tool_choice")
+    prefix = '<tool_call>\n{"name":"f","arguments":{"n":'
+    assert _longest(grammars.matcher(c), tok, prefix, "1" * 40) == 15
+
+
+def test_bounded_numbers_keeps_what_the_schema_says():
+    from mlxd.engine.constraints import NUMBER_BOUND, bounded_numbers
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": ["integer", "null"]},
+            "b": {"type": "number", "minimum": 0, "multipleOf": 0.5},
+            "c": {"type": "integer", "exclusiveMinimum": 10**18},
+            "enum": {"enum": [{"type": "integer"}]},
+        },
+    }
+    out = bounded_numbers(schema)
+    props = out["properties"]
+    assert props["a"] == {
+        "type": ["integer", "null"],
+        "minimum": -NUMBER_BOUND,
+        "maximum": NUMBER_BOUND,
+    }
+    assert props["b"] == {
+        "type": "number",
+        "minimum": 0,
+        "multipleOf": 0.5,
+        "maximum": NUMBER_BOUND,
+    }
+    assert props["c"]["maximum"] == 10**18 + NUMBER_BOUND and "minimum" not in props["c"]
+    assert props["enum"] == {"enum": [{"type": "integer"}]}  # data, not a schema
+    assert "minimum" not in schema["properties"]["a"]  # the request's schema is not changed
+
+
+def test_json_tools_grammar_lets_a_newline_end_the_calls(tok):
+    """Issue 33 item 3: after a call, "\\n" could only open another call, so the demo
+    model, which writes "\\n" after "</tool_call>", repeated its call under "required"."""
+    g = Grammars(make_ll_tokenizer(tok, WIDTH), WIDTH)
+    tools = [{"name": "f", "parameters": {"type": "object"}, "strict": False}]
+    c = tool_constraint(tools, tool_format="json_tools", parallel=True, param="tool_choice")
+    call = '<tool_call>\n{"name":"f","arguments":{}}\n</tool_call>'
+    for tail in ("", "\n", "\n\n", "\n" + call):  # the last: parallel calls still work
+        matcher = g.matcher(c)
+        assert matcher.consume_tokens(tok.encode(call + tail, add_special_tokens=False)), tail
+        assert matcher.is_accepting(), repr(tail)
+    matcher = g.matcher(c)
+    assert not matcher.consume_tokens(tok.encode(call + "\n\nmore", add_special_tokens=False))

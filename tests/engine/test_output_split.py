@@ -245,3 +245,15 @@ def test_a_forced_custom_call_is_the_whole_answer(tokenizers):
         (call,) = out.tool_calls
         assert (call.name, call.input) == ("apply_patch", "*** Begin")
         assert json.loads(call.arguments) == {"input": "*** Begin"}
+def test_a_call_repeated_verbatim_is_sent_once(tokenizers):
+    """Issue 33 item 3: the demo model under tool_choice "required" repeated its call."""
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n'
+    same = '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "city": "Paris"}}\n'
+    other = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "c"}}\n'
+    text = f"{one}</tool_call>\n{same}</tool_call>\n{other}</tool_call>"
+    for chunks in every_cut(text)[:40]:
+        out = run(OutputSplitter(tokenizers("hermes"), parse_tools=True), chunks)
+        assert calls(out) == [
+            (0, "get_weather", {"city": "Paris", "unit": "c"}),
+            (1, "get_weather", {"city": "Rome", "unit": "c"}),
+        ], chunks

@@ -161,11 +161,12 @@ def test_max_tokens_above_the_limit_is_clamped_on_messages(daemon: Daemon):
     assert reply["usage"]["output_tokens"] <= LIMIT
     if reply["usage"]["output_tokens"] == LIMIT:
         assert reply["stop_reason"] == "max_tokens"
-    # Chat completions keep the clear 400 (OpenAI's clients send no such budgets).
+    assert r.headers["x-mlxd-max-tokens"] == f"{LIMIT}; requested=32000"
+    # Chat completions clamp it too (issue 33: opencode asks for 32000).
     r = _post(
         daemon, "/v1/chat/completions", {**BODIES["/v1/chat/completions"], "max_tokens": 32000}
     )
-    assert r.status_code == 400
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= LIMIT
 
 
 def _events(d: Daemon, path: str, body: dict[str, Any]) -> list[str]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -67,6 +69,15 @@ def test_lines_run_as_the_batch_owner_key_its_models_but_not_its_quotas(daemon):
     assert [e["custom_id"] for e in err] == ["forbidden"]
     assert err[0]["response"]["status_code"] == 403
     assert err[0]["response"]["body"]["error"]["code"] == "model_not_allowed"
+    # Issue 33 item 8: the lines show their key's name in the log and /metrics.
+    deadline = time.monotonic() + 10
+    while daemon.log().count("key=limited priority=batch") < 3:  # written after each answer
+        assert time.monotonic() < deadline, daemon.log()[-3000:]
+        time.sleep(0.05)
+    metrics = httpx.get(f"{daemon.url}/metrics").text
+    assert 'mlxd_key_requests_total{key="limited"} 3.0' in metrics, metrics
+    tokens = re.search(r'mlxd_key_tokens_total\{key="limited"\} ([\d.]+)', metrics)
+    assert tokens and float(tokens.group(1)) > 0
     direct = client.with_options(max_retries=0)
     with pytest.raises(openai.PermissionDeniedError):
         direct.chat.completions.create(**lines[2]["body"])

@@ -102,7 +102,7 @@ def test_malformed_bodies(http, model, body, status, code, param):
         ({"max_tokens": 0}, "invalid_value", "max_tokens"),
         ({"max_tokens": -3}, "invalid_value", "max_tokens"),
         ({"max_completion_tokens": 0}, "invalid_value", "max_tokens"),
-        ({"max_tokens": 65}, "invalid_value", "max_tokens"),
+        ({"max_tokens": 2.5}, "invalid_type", "max_tokens"),
         ({"temperature": 5}, "invalid_value", "temperature"),
         ({"top_p": 0}, "invalid_value", "top_p"),
         ({"top_logprobs": 3}, "invalid_value", "top_logprobs"),
@@ -278,3 +278,23 @@ def test_full_queue_answers_429_with_retry_after(tmp_path, tiny_models):
         assert d.stats()["counters"]["rejected"]["queue_full"] == len(refused)
     finally:
         d.stop()
+
+
+def test_max_tokens_above_the_limit_is_clamped_on_chat_and_responses(http, model):
+    """Issue 33 item 12: 10000 > [limits] max_tokens (64) stops at 64, said in a header."""
+    r = http.post("/v1/chat/completions", json=chat(model, max_tokens=10000, temperature=0))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-mlxd-max-tokens"] == "64; requested=10000"
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] <= 64
+    r = http.post(
+        "/v1/responses",
+        json={"model": model, "input": "hello", "max_output_tokens": 10000, "temperature": 0},
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-mlxd-max-tokens"] == "64; requested=10000"
+    assert r.json()["status"] == "incomplete"
+    r = http.post("/v1/chat/completions", json=chat(model, max_tokens=-1))
+    assert_error(r, 400, code="invalid_value", param="max_tokens")
+    assert "x-mlxd-max-tokens" not in http.post("/v1/chat/completions", json=chat(model)).headers

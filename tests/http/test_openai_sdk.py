@@ -190,3 +190,43 @@ def test_raw_curl_style_request(daemon, model):
     body = {"model": model, "messages": FRANCE, "max_tokens": 5}
     r = httpx.post(f"{daemon.url}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_tools_on_the_demo_model_as_docs_tools_md_says(client, model):
+    """Issue 33 item 3, pinned: ``auto`` gets text from the 135M model (README and
+    docs/tools.md say so); ``required`` gets one valid call, not the same call twice."""
+    auto = client.chat.completions.create(
+        model=model, messages=WEATHER_ASK, tools=[WEATHER], tool_choice="auto", temperature=0
+    ).choices[0]
+    assert auto.message.tool_calls is None and auto.message.content, auto
+    assert auto.finish_reason in ("stop", "length")
+    required = client.chat.completions.create(
+        model=model,
+        messages=WEATHER_ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=200,
+    ).choices[0]
+    assert required.finish_reason == "tool_calls"
+    calls = [(c.function.name, c.function.arguments) for c in required.message.tool_calls]
+    # One call: it used to make the call again (once per unit) after its "\n".
+    assert len(calls) == 1 and calls[0][0] == "get_weather", calls

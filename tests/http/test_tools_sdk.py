@@ -83,6 +83,35 @@ def test_parse_returns_a_parsed_instance(client, model):
     jsonschema.validate(json.loads(choice.message.content), City.model_json_schema())
 
 
+class DocsCity(BaseModel):
+    """docs/tools.md's structured-output example, verbatim."""
+
+    name: str = Field(max_length=40)
+    country: str = Field(max_length=40)
+    population_millions: int = Field(ge=0, le=100)
+
+
+class UnboundedCity(BaseModel):
+    name: str
+    country: str
+    population_millions: int
+
+
+@pytest.mark.parametrize("shape", [DocsCity, UnboundedCity])
+def test_the_docs_structured_output_example_finishes(client, model, shape):
+    """Issue 33 item 4: an unbounded int used to run to max_tokens (LengthFinishReasonError)."""
+    done = client.chat.completions.parse(
+        model=model,
+        messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+        response_format=shape,
+        max_tokens=200,
+    )
+    choice = done.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert isinstance(choice.message.parsed, shape)
+    assert abs(choice.message.parsed.population_millions) < 10**15
+
+
 def test_required_tool_choice_returns_a_valid_call(client, model):
     reply = client.chat.completions.create(
         model=model,

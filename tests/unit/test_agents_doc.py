@@ -82,7 +82,9 @@ def test_the_claude_code_block_sets_what_the_tests_set():
 
 
 def test_the_stream_idle_timeout_is_documented_above_claude_codes_floor():
+    # In the main setup block (issue 33 item 13), not in a footnote.
     (env,) = [b for b in blocks("sh") if "CLAUDE_STREAM_IDLE_TIMEOUT_MS" in b]
+    assert "ANTHROPIC_BASE_URL" in env
     (value,) = re.findall(r"CLAUDE_STREAM_IDLE_TIMEOUT_MS=(\d+)", env)
     assert int(value) > 300000  # Claude Code ignores values below its 5-minute floor
     assert "stream_keepalive" in DOC
@@ -106,3 +108,12 @@ def test_the_tools_header_and_the_shipped_template_are_named():
     for name in BUILTIN_TEMPLATES:
         assert f'chat_template = "{name}"' in DOC
     assert "prompt is too long: N tokens > M maximum" in DOC
+
+
+def test_what_starts_cold_and_what_fills_the_demo_context_is_said():
+    """Issue 33 item 13: another project folder starts cold; Open WebUI's tools fill
+    the demo model's context, and how to keep them out."""
+    assert "A new session in another project directory starts cold" in DOC
+    assert "1,336 of 49,808" in DOC
+    assert "7,004 prompt tokens" in DOC and "8,192-token context" in DOC
+    assert "set **Function Calling** to `Default`" in DOC

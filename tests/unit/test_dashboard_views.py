@@ -154,3 +154,101 @@ def test_long_latencies_read_in_seconds() -> None:
     assert (ms(0.042), ms(1.25), ms(9.9994), ms(46.456), ms(None)) == (
         "42 ms", "1,250 ms", "9,999 ms", "46.5 s", "—"
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------- issue 33: no contradictions
+
+
+def _status_state(fleet_state: str, **kw: Any) -> dict[str, Any]:
+    fleet = {
+        "models": [
+            {"id": "demo", "kind": "chat", "default": True, "state": fleet_state},
+            {"id": "minilm", "kind": "embedding", "default": True, "state": "unloaded"},
+        ]
+    }
+    return {
+        "model": {"name": None, "status": "loading", "error": None, "family": None, "context": 0},
+        "batch": {"configured": 8, "batched": False},
+        "runtime": {},
+        "config": {"version": 1, "applied_at": 100.0, "source": "mlxd.toml"},
+        "mode": "batch",
+        "state": "ready",
+        "stalled": False,
+        "uptime_s": 5.0,
+        "last_error": None,
+        "fleet": fleet,
+        **kw,
+    }
+
+
+def test_an_unloaded_default_model_is_named_and_not_called_serial() -> None:
+    from mlxd.dashboard.status import status_bar
+
+    v = status_bar(_status_state("unloaded"), now=1000.0)
+    assert v["model"] == "demo" and v["model_status"] == "unloaded"
+    assert "cannot batch" not in v["mode"] and "(no model)" not in v["model"]
+    assert v["mode"] == "batch 8 (model unloaded: loads on its first request)"
+    # Loaded and unable to batch: that is still said.
+    loaded = _status_state("loaded", model={**_status_state("x")["model"], "name": "demo"})
+    assert "cannot batch" in status_bar(loaded, now=1000.0)["mode"]
+
+
+def test_uptime_is_the_daemons_age_not_the_default_engines() -> None:
+    from mlxd.dashboard.status import status_bar
+
+    v = status_bar(_status_state("unloaded", daemon_started_at=1000.0 - 7200), now=1000.0)
+    assert v["uptime"].startswith("2") and "h" in v["uptime"], v["uptime"]
+
+
+def test_counters_and_the_prompt_cache_panel_give_one_hit_ratio() -> None:
+    from mlxd.dashboard.activity import counters
+    from mlxd.dashboard.prompt_cache_panel import prompt_cache_panel
+
+    pc = {
+        "hits": 10, "misses": 0, "cached_tokens_served": 720, "entries": 1, "max_entries": 8,
+        "bytes": 0, "max_bytes": 1, "lookups": [],
+    }  # fmt: skip
+    c = {
+        "requests": {}, "finished": 10, "submitted": 10, "rejected": {}, "lane_reasons": {},
+        "prompt_tokens": 1000, "generated_tokens": 5, "prefill_seconds": 1.0,
+        "decode_seconds": 1.0, "engine_errors": 0,
+    }  # fmt: skip
+    s = {"prompt_cache": pc, "counters": c, "model": {"name": "demo"}}
+    assert counters(s, 0.0)["hit_rate"] == prompt_cache_panel(s, 0.0)["hit_ratio"]
+
+
+def test_quick_controls_cover_the_budget_preemption_pin_and_keep_alive(tmp_path) -> None:
+    from mlxd.config import load_settings
+    from mlxd.dashboard.quick import quick_controls, quick_edit, quick_values
+
+    text = (
+        '# my config\n[memory]\nbudget = "auto"  # all of it\n\n'
+        '[models.demo]\npin = true\n\n[models."qwen2.5"]\npath = "/m/q"\nkeep_alive = "30m"\n'
+    )
+    path = tmp_path / "mlxd.toml"
+    path.write_text(text, encoding="utf-8")
+    shown = quick_values(load_settings(path))
+    assert shown["memory.budget"] == "auto" and shown["scheduling.preempt"] == "false"
+    assert shown["models.demo.pin"] == "true" and shown["models.qwen2.5.keep_alive"] == "1800s"
+    keys = {c["key"]: c for c in quick_controls(shown)}
+    assert keys["models.qwen2.5.pin"]["label"] == "qwen2.5: pin"
+    assert keys["scheduling.preempt"]["kind"] == "choice"
+    form = {
+        **shown,
+        "memory.budget": "24GiB",
+        "scheduling.preempt": "true",
+        "models.demo.pin": "false",
+        "models.qwen2.5.keep_alive": "2h",
+    }
+    edited, changed = quick_edit(text, form, shown)
+    assert set(changed) == {
+        "memory.budget",
+        "scheduling.preempt",
+        "models.demo.pin",
+        "models.qwen2.5.keep_alive",
+    }
+    assert '# my config\n[memory]\nbudget = "24GiB"  # all of it\n' in edited
+    path.write_text(edited, encoding="utf-8")
+    after = load_settings(path)
+    assert after.scheduling.preempt is True and after.models["demo"].pin is False
+    assert quick_values(after)["models.qwen2.5.keep_alive"] == "7200s"

@@ -152,3 +152,59 @@ def test_both_kinds_load_unload_apply_and_stop_through_the_protocol(tmp_path):
         assert all(e.calls[-1] == ("stop",) for kind in made.values() for e in kind)
 
     asyncio.run(scenario())
+
+
+class SlowLoad(Recorder):
+    """A Recorder whose load finishes only when the test says."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self.pending: concurrent.futures.Future[Info] = concurrent.futures.Future()
+
+    def load(self, settings: Settings) -> concurrent.futures.Future[Info]:
+        self.calls.append(("load", settings.model.path))
+        return self.pending
+
+
+def _waiting(fleet: Fleet) -> int:
+    state = fleet.status().get("chat")
+    assert state is not None
+    return state.waiting
+
+
+def test_a_request_waiting_for_a_load_is_refused_at_once_on_shutdown(tmp_path):
+    """Issue 33 item 8: SIGTERM's 503 reached a waiting request only after the load."""
+    from mlxd.engine import Failed
+
+    made: list[SlowLoad] = []
+
+    def chat(settings, model_id, pool, at_start):
+        made.append(engine := SlowLoad(settings, model_id, at_start))
+        return engine
+
+    async def scenario() -> None:
+        fleet = Fleet(
+            settings_with(tmp_path), device_bytes=2**34, make_engine=chat, make_embedding=Recorder
+        )
+        fleet.start()
+        runner = asyncio.ensure_future(fleet.run())
+        try:
+            waiter = asyncio.ensure_future(fleet.acquire("chat", "chat"))
+            while _waiting(fleet) == 0:
+                await asyncio.sleep(0.01)
+            fleet.refuse_waiting(Failed("shutting_down", "shutting down", 503))
+            with pytest.raises(FleetRefusal) as refused:
+                await asyncio.wait_for(waiter, 2)
+            assert (refused.value.failed.code, refused.value.failed.status) == (
+                "shutting_down",
+                503,
+            )
+            assert _waiting(fleet) == 0
+            with pytest.raises(FleetRefusal):  # and any later request
+                await fleet.acquire("chat", "chat")
+            made[0].pending.set_result(Info(weights_bytes=1000))  # the load itself goes on
+        finally:
+            runner.cancel()
+            fleet.stop()
+
+    asyncio.run(scenario())

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from mlxd.config import ConfigError, load_settings
-from mlxd.config.registry import default_id, for_model, registry, resolve
+from mlxd.config.registry import (
+    DEMO_MODEL_ID,
+    default_id,
+    for_model,
+    registry,
+    registry_notes,
+    resolve,
+)
+from mlxd.control import reload_lines
 
 TWO = """
 [memory]
@@ -156,3 +164,27 @@ def test_an_embedding_entry_without_a_path_is_the_demo_embedding_model(tmp_path)
     settings = load_settings(config)
     assert settings.models["minilm"].path is None
     assert resolve(settings, "", "embedding") == "minilm"
+
+
+def test_a_path_less_chat_entry_answers_as_the_demo_model_and_the_reload_says_so(tmp_path):
+    """Issue 33 item 2: the README's embedding recipe keeps the demo model's id."""
+    single = load(tmp_path, "[model]\n")
+    moved = load(tmp_path, '[models.demo]\n[models.minilm]\nkind = "embedding"\n')
+    assert resolve(moved, DEMO_MODEL_ID) == "demo"
+    assert DEMO_MODEL_ID in registry(moved)["demo"].aliases
+    assert DEMO_MODEL_ID not in registry(moved)["minilm"].aliases
+    notes = registry_notes(single, moved)
+    assert any(f"model {DEMO_MODEL_ID} is now served as demo" in n for n in notes), notes
+    assert any("demo is no longer pinned" in n and "pin = true" in n for n in notes), notes
+    pinned = load(tmp_path, '[models.demo]\npin = true\n[models.minilm]\nkind = "embedding"\n')
+    assert not any("pinned" in n for n in registry_notes(single, pinned))
+    # An entry that takes the id itself, or another model's alias, wins over the implicit one.
+    own = load(
+        tmp_path, f'[models.demo]\n[models.other]\npath = "/m"\naliases = ["{DEMO_MODEL_ID}"]\n'
+    )
+    assert resolve(own, DEMO_MODEL_ID) == "other"
+    gone = load(tmp_path, '[models.qwen]\npath = "/models/qwen"\n')
+    (note,) = registry_notes(single, gone)
+    assert f"model {DEMO_MODEL_ID} is no longer configured" in note and "404" in note
+    lines, code = reload_lines(200, {"outcome": "applied", "notes": [note]})
+    assert code == 0 and f"note: {note}" in lines

@@ -203,6 +203,7 @@ def test_count_tokens_builds_the_same_prompt():
 def test_max_tokens_above_the_limit_is_clamped_to_it():
     # Claude Code asks for 32000; the server stops at [limits] max_tokens (256 here).
     assert call(max_tokens=32000).gen.max_tokens == SETTINGS.limits.max_tokens == 256
+    assert call(max_tokens=32000).gen.max_tokens_asked == 32000  # X-Mlxd-Max-Tokens
     assert call(max_tokens=256).gen.max_tokens == 256
 
 

@@ -89,6 +89,14 @@ def test_max_completion_tokens_wins_over_max_tokens():
     assert chat(max_tokens=256).max_tokens == 256  # exactly the limit is allowed
 
 
+def test_max_tokens_above_the_limit_is_clamped_to_it():
+    # opencode asks for 32000; the server stops at [limits] max_tokens (256 here).
+    gen = chat(max_tokens=32000)
+    assert (gen.max_tokens, gen.max_tokens_asked) == (256, 32000)
+    assert chat(max_completion_tokens=257).max_tokens == 256
+    assert chat(max_tokens=256).max_tokens_asked is None
+
+
 def test_messages_become_the_template_shape():
     gen = chat(
         messages=[
@@ -205,7 +213,6 @@ BAD_CHAT = [
     ({"metadata": {"k" * 65: "v"}}, "invalid_value", "metadata"),
     ({"metadata": {"k": "v" * 513}}, "invalid_value", "metadata.k"),
     ({"max_tokens": 0}, "invalid_value", "max_tokens"),
-    ({"max_tokens": 257}, "invalid_value", "max_tokens"),
     ({"max_completion_tokens": 0, "max_tokens": 5}, "invalid_value", "max_tokens"),
     ({"temperature": 2.01}, "invalid_value", "temperature"),
     ({"temperature": -0.1}, "invalid_value", "temperature"),
@@ -392,12 +399,17 @@ def test_completion_logprobs_stop_and_json():
         ({"prompt": "x", "best_of": 2}, "unsupported_parameter", "best_of"),
         ({"prompt": "x", "logprobs": 6}, "invalid_value", "logprobs"),
         ({"prompt": "x", "n": 3}, "unsupported_parameter", "n"),
-        ({"prompt": "x", "max_tokens": 1000}, "invalid_value", "max_tokens"),
+        ({"prompt": "x", "max_tokens": 0}, "invalid_value", "max_tokens"),
     ],
 )
 def test_bad_completions(extra, code, param):
     err = refused(completion, **extra)
     assert (err.status, err.code, err.param) == (400, code, param), err.message
+
+
+def test_completion_max_tokens_above_the_limit_is_clamped_as_a_chat_is():
+    gen = completion(prompt="x", max_tokens=1000)
+    assert (gen.max_tokens, gen.max_tokens_asked) == (256, 1000)
 
 
 def test_completion_fields_a_chat_does_not_know_are_unknown():

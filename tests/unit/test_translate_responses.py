@@ -226,6 +226,11 @@ def test_a_warm_up_generates_one_token_and_no_output():
     assert (c.gen.max_tokens, c.generate) == (1, False)
 
 
+def test_max_output_tokens_above_the_limit_is_clamped_to_it():
+    gen = call(max_output_tokens=32000).gen
+    assert (gen.max_tokens, gen.max_tokens_asked) == (256, 32000)
+
+
 def test_faults_and_ignored_fields():
     assert call(faults=True, mlxd_fault="logits_processor@2").gen.fault == "logits_processor@2"
     c = call(
@@ -325,7 +330,7 @@ BAD = [
         "text.format",
     ),
     ({"max_output_tokens": 0}, "invalid_value", "max_output_tokens"),
-    ({"max_output_tokens": 257}, "invalid_value", "max_output_tokens"),
+    ({"max_output_tokens": -1}, "invalid_value", "max_output_tokens"),
     ({"temperature": 2.5}, "invalid_value", "temperature"),
     ({"top_p": 0}, "invalid_value", "top_p"),
     ({"background": True}, "unsupported_parameter", "background"),

@@ -274,8 +274,7 @@ def messages_request(
     fault = params.fault(req.mlxd_fault, allowed=faults, refusal=refusal)
     # Agents ask for long budgets (Claude Code: 32000) and expect the server to
     # stop at its own limit: clamped, the answer ends with stop_reason max_tokens.
-    max_tokens = min(req.max_tokens, settings.limits.max_tokens)
-    params.max_tokens("max_tokens", max_tokens, settings)
+    max_tokens, asked = params.clamped_max_tokens("max_tokens", req.max_tokens, settings)
     _metadata(req.metadata)
     sampled = params.sampling(
         settings, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k
@@ -287,6 +286,7 @@ def messages_request(
         id=f"msg_{uuid.uuid4().hex[:24]}",
         prompt=prompt,
         max_tokens=max_tokens,
+        max_tokens_asked=asked,
         sampling=sampled,
         stop=params.stops(req.stop_sequences, "stop_sequences"),
         parse_tools=plan.parse,

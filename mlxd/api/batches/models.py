@@ -10,8 +10,6 @@ runs and gets the direct call's 404 or 400.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlxd.api.batches.jsonl import RequestLine
@@ -26,6 +24,8 @@ class Room:
     lines: int
     key: str  # the model id (or the name asked for, when it routes nowhere)
     reason: str | None = None  # why there is no room, for the dashboard
+    # Whether the reason is worth a log line (not a busy engine: that passes).
+    logged: bool = False
 
 
 def kind_of(url: str) -> str:
@@ -42,16 +42,6 @@ def route(status: FleetStatus, name: object, kind: str) -> ModelState | None:
         if isinstance(name, str) and (name == model.id or name in model.aliases):
             return model
     return None
-
-
-@lru_cache(maxsize=64)
-def weights_on_disk(path: str) -> int | None:
-    """Bytes of a model directory's weight files (what a load will at least take)."""
-    directory = Path(path).expanduser()
-    if not directory.is_dir():
-        return None
-    sizes = [f.stat().st_size for f in directory.glob("*.safetensors")]
-    return sum(sizes) if sizes else None
 
 
 def room_for(fleet: Fleet, line: RequestLine, mine: dict[str, int], max_rows: int | None) -> Room:
@@ -90,12 +80,19 @@ def room_for(fleet: Fleet, line: RequestLine, mine: dict[str, int], max_rows: in
         return Room(lines, model.id, reason)
     if model.state in ("loading", "unloading") or held:
         return Room(0, model.id, f"{model.id} is {model.state}")
-    needed = weights_on_disk(model.path) if model.path else None
-    if may_load(status.free_bytes, needed, len(status.memory_queue)):
+    # The fleet's own estimate, for a path-less demo entry too (its files are in the cache).
+    if may_load(status.free_bytes, model.load_bytes, len(status.memory_queue)):
         return Room(1, model.id)
     return Room(
         0,
         model.id,
-        f"{model.id} is not loaded and does not fit in the free memory budget; "
+        f"{model.id} is not loaded and does not fit in the free memory budget "
+        f"({_gib(model.load_bytes)} needed, {_gib(status.free_bytes)} free"
+        f"{', a load waits for memory' if status.memory_queue else ''}); "
         "a batch never unloads a model to make room",
+        logged=True,
     )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"

@@ -62,6 +62,7 @@ class Job:
     attempts: dict[int, int] = field(default_factory=dict)
     not_before: float = 0.0
     waiting_for: str | None = None
+    last_wait: str | None = None  # the last reason logged (a reason is logged once)
     # Past its expires_at: no more lines; finished as expired once none is in flight.
     expiring: bool = False
     # Its input file became unreadable mid-run: no more lines; failed once none is in flight.
@@ -240,7 +241,9 @@ class Runner:
                 return
             room: Room = room_for(self.state.fleet, line, mine, settings.batches.max_rows)
             if room.lines <= 0:
-                job.waiting_for = room.reason
+                if room.logged and room.reason != job.last_wait:
+                    logger.info("batch %s waits: %s", job.row.id, room.reason)
+                job.waiting_for = job.last_wait = room.reason
                 return
             job.next_line = None
             mine[room.key] = mine.get(room.key, 0) + 1

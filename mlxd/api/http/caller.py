@@ -112,7 +112,9 @@ def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
             scope[CALLER_SCOPE_KEY] = Caller()
         return
     if placed is not None and placed.who is not None:
-        return  # set in process: a Batch API line runs as the key that created its batch
+        # Set in process: a Batch API line runs as the key that created its batch.
+        note_of(connection.scope).key = placed.who.name
+        return
     found = identify(connection.headers, settings)
     if found is None:
         raise OpenAIError(

@@ -189,7 +189,7 @@ def _common(
         raise unsupported("n", "only n=1 is implemented; send several requests instead.")
     params.stream_options(req.stream_options is not None, req.stream)
     params.metadata(req.metadata)
-    max_tokens = params.max_tokens("max_tokens", max_tokens, settings)
+    max_tokens, asked = params.clamped_max_tokens("max_tokens", max_tokens, settings)
     sampled = params.sampling(
         settings,
         temperature=req.temperature,
@@ -212,6 +212,7 @@ def _common(
     )
     return {
         "max_tokens": max_tokens if max_tokens is not None else settings.sampling.max_tokens,
+        "max_tokens_asked": asked,
         "sampling": sampled,
         "penalties": penalties,
         "fault": params.fault(req.mlxd_fault, allowed=faults, refusal=refusal),

@@ -128,7 +128,7 @@ def responses_request(
         param="mlxd_fault",
     )
     fault = params.fault(req.mlxd_fault, allowed=faults, refusal=refusal)
-    params.max_tokens("max_output_tokens", req.max_output_tokens, settings)
+    cap, asked = params.clamped_max_tokens("max_output_tokens", req.max_output_tokens, settings)
     params.metadata(req.metadata)
     params.stream_options(req.stream_options is not None, req.stream)
     sampled = params.sampling(settings, temperature=req.temperature, top_p=req.top_p)
@@ -151,7 +151,7 @@ def responses_request(
         (req.reasoning or {}).get("effort"), settings, "reasoning.effort"
     )
     images = Images(settings)
-    max_tokens = req.max_output_tokens or settings.sampling.max_tokens
+    max_tokens = cap or settings.sampling.max_tokens
     if req.generate is False:
         max_tokens = 1
     gen = GenerationRequest(
@@ -163,6 +163,7 @@ def responses_request(
             images=tuple(images.parts),
         ),
         max_tokens=max_tokens,
+        max_tokens_asked=asked,
         sampling=sampled,
         parse_tools=plan.parse,
         tools_ignored=plan.ignored,

@@ -132,6 +132,10 @@ class OutputSplitter:
         self.phase = initial
         self.calls = 0
         self.failed_calls = 0
+        # (name, arguments) of the calls sent: a call repeated verbatim in one answer
+        # is dropped (a small model under tool_choice "required", allowed several
+        # calls, repeats its one call; running it twice helps no client).
+        self._sent: set[tuple[str, str]] = set()
 
     def feed(self, text: str) -> Split:
         out = Split()
@@ -202,8 +206,9 @@ class OutputSplitter:
             parsed = self._parser(raw, self._tools)
             calls = parsed if isinstance(parsed, list) else [parsed]
             made = [
-                self._tool_call(c, opened[k] if k < len(opened) else None)
+                m
                 for k, c in enumerate(calls)
+                if (m := self._tool_call(c, opened[k] if k < len(opened) else None)) is not None
             ]
         except Exception as exc:  # every parser raises its own kind
             self.failed_calls += 1
@@ -233,7 +238,7 @@ class OutputSplitter:
             return ToolCallPart(call.index, call.id, call.name, "")
         return ToolCallPart(call.index, call.id, call.name, call.arguments[len(opened.sent) :])
 
-    def _tool_call(self, call: Any, opened: _Opened | None = None) -> ToolCall:
+    def _tool_call(self, call: Any, opened: _Opened | None = None) -> ToolCall | None:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             raise ValueError(f"not a tool call: {call!r}")
         args = call.get("arguments", {})
@@ -250,6 +255,11 @@ class OutputSplitter:
                 raise ValueError(f"a custom tool takes one string, {INPUT!r}: {args!r}")
             if not input_matches(custom, text):
                 raise ValueError(f"the input to {custom.name!r} does not match its grammar")
+        seen = (call["name"], json.dumps(args, sort_keys=True))
+        if seen in self._sent and opened is None:  # a streamed one was seen: kept
+            logger.info("a tool call repeated verbatim in one answer was dropped: %s", seen[0])
+            return None
+        self._sent.add(seen)
         call_id = call.get("id") if isinstance(call.get("id"), str) else None
         if opened is not None:  # its id and index were sent with its first part
             call_id = opened.id

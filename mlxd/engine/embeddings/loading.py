@@ -25,10 +25,10 @@ from mlxd.config import ModelSettings
 from mlxd.engine.chat.loading import ModelLoadError, describe_dtype, max_token_chars
 from mlxd.engine.embeddings.jobs import normalize
 from mlxd.engine.embeddings.messages import EmbeddingInfo
+from mlxd.modelcheck import embeddings_install_hint
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'mlxd[embeddings]'"
 
 # Families trained with Matryoshka representation learning: their vectors may be
 # truncated (then renormalized) to fewer dimensions. Any other model opts in by
@@ -103,7 +103,8 @@ def _import_mlx_embeddings() -> Any:
     except ImportError as exc:
         raise ModelLoadError(
             "embedding models need the optional mlx-embeddings package, which cannot be "
-            f"imported ({exc}): run `{INSTALL_HINT}` and restart mlxd"
+            f"imported ({exc}): install it with {embeddings_install_hint()}, "
+            "then restart mlxd"
         ) from exc
     return utils
 

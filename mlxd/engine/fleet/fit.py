@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 
 from mlxd.config import format_bytes
-from mlxd.engine.fleet.slot import Slot
+from mlxd.config.registry import default_id
+from mlxd.engine.fleet.slot import Slot, estimate_weights
 from mlxd.engine.fleet.slots import Slots
 from mlxd.engine.fleet.unloading import Unloads
 
@@ -36,12 +37,16 @@ def idle_victim(slots: Slots, skip: set[str] | frozenset[str] = frozenset()) -> 
 
 
 def over_budget(slots: Slots) -> str | None:
-    """Why no model can admit a request, when the reservations fill the budget; else None."""
+    """Why no model can admit a request, when the reservations fill the budget; else None.
+
+    Also when ``[memory] budget`` can never hold the default chat model (not
+    loaded): every request naming no model would get 400 ``model_too_large``.
+    """
     usage = slots.pool.usage()
     fixed = {e.model_id: e.fixed for e in usage.entries}
     reserved = sum(fixed.values())
     if reserved < usage.budget or not fixed:
-        return None
+        return default_never_fits(slots)
     holders = []
     for model_id, nbytes in sorted(fixed.items(), key=lambda kv: -kv[1]):
         slot = slots.by_id.get(model_id)
@@ -62,6 +67,32 @@ def over_budget(slots: Slots) -> str | None:
         f"reserve {format_bytes(reserved)} for weights and prompt caches ({', '.join(holders)}), "
         "which leaves no KV cache for any request. Idle unpinned models are unloaded to fit; "
         "raise [memory] budget, or unpin or unload a model."
+    )
+
+
+def default_never_fits(slots: Slots) -> str | None:
+    """Why the default chat model can never load in the budget (as ``Room.make`` refuses it)."""
+    slot = slots.by_id.get(default_id(slots.settings, "chat") or "")
+    usage = slots.pool.usage()
+    if slot is None or any(e.model_id == slot.id for e in usage.entries):
+        return None
+    weights = estimate_weights(slot.entry)
+    need = weights + slot.prompt_cache_cap()
+    pinned = sum(
+        e.fixed + e.kv
+        for e in usage.entries
+        if (other := slots.by_id.get(e.model_id)) is not None and other.pinned
+    )
+    if need + pinned <= usage.budget:
+        return None
+    return (
+        f"[memory] budget ({format_bytes(usage.budget)}) can never hold the default model "
+        f"{slot.id}: it needs {format_bytes(need)} (weights {format_bytes(weights)} + prompt "
+        f"cache {format_bytes(need - weights)})"
+        + (f" and pinned models hold {format_bytes(pinned)}" if pinned else "")
+        + "; every request for it gets 400 model_too_large. Raise [memory] budget"
+        + (", unpin a model" if pinned else "")
+        + " or lower [prompt_cache] max_bytes."
     )
 
 

@@ -41,8 +41,9 @@ from mlxd.engine.fleet.slot import Lease, Slot, budget_bytes
 from mlxd.engine.fleet.slots import TICK_S, EngineMaker, Slots
 from mlxd.engine.fleet.status import chat_snapshots, fleet_view
 from mlxd.engine.fleet.unloading import Unloads
-from mlxd.engine.fleet.values import FleetApplied, FleetStatus, ModelState
+from mlxd.engine.fleet.values import FleetApplied, FleetRefusal, FleetStatus, ModelState
 from mlxd.engine.memory import MemoryPool
+from mlxd.engine.messages import Failed
 from mlxd.engine.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class Fleet:
         self._reload = RegistryReload(slots, self._loads, self._unloads, self._fit, device_bytes)
         for model_id in registry(settings):
             slots.add(model_id, settings)
+        # Set by refuse_waiting (a shutdown): requests waiting for a load get it at once.
+        self._closed: Failed | None = None
+        self._closing = asyncio.Event()
 
     @property
     def settings(self) -> Settings:
@@ -157,16 +161,38 @@ class Fleet:
         The lease lends that kind's engine (routing refuses a model of the
         other kind), held until :meth:`Lease.release`.
         """
+        if self._closed is not None:
+            raise FleetRefusal(self._closed)
         slot = self._slots.route(name, kind)
         slot.active += 1
         slot.last_used = time.time()
         try:
-            await self._loads.ensure_loaded(slot)
+            if slot.state != "loaded":
+                await self._loaded_or_closed(slot)
         except BaseException:
             slot.active -= 1
             self._slots.notify()
             raise
         return Lease(slot, slot.engine, self._released)
+
+    async def _loaded_or_closed(self, slot: Slot) -> None:
+        load = asyncio.ensure_future(self._loads.ensure_loaded(slot))
+        closed = asyncio.ensure_future(self._closing.wait())
+        try:
+            done, _ = await asyncio.wait((load, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+            if not load.done():
+                load.cancel()  # the load itself goes on (each waiter shields it)
+        if load in done:
+            load.result()  # FleetRefusal when the load failed
+        elif self._closed is not None:
+            raise FleetRefusal(self._closed)
+
+    def refuse_waiting(self, failed: Failed) -> None:
+        """Refuse every request waiting for a model to load, now and from now on (a shutdown)."""
+        self._closed = failed
+        self._closing.set()
 
     async def make_kv_room(self, model_id: str) -> bool:
         """Unload one idle, unpinned model other than ``model_id`` when the others'

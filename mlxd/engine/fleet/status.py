@@ -15,7 +15,7 @@ from typing import Any
 
 from mlxd.config.registry import default_id
 from mlxd.engine.fleet.fit import over_budget
-from mlxd.engine.fleet.slot import Slot
+from mlxd.engine.fleet.slot import Slot, estimate_weights
 from mlxd.engine.fleet.slots import Slots
 from mlxd.engine.fleet.values import FleetStatus, ModelState
 from mlxd.engine.memory import PoolUsage
@@ -108,6 +108,7 @@ def model_state(slot: Slot, pool: PoolUsage, default: bool) -> ModelState:
         error=slot.error,
         capabilities=capabilities,
         engine=engine,
+        load_bytes=held.fixed if held else estimate_weights(slot.entry) + slot.prompt_cache_cap(),
     )
 
 

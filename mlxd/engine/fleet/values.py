@@ -88,6 +88,9 @@ class ModelState:
     # A repo entry's Hugging Face repo and revision (None for a path or the demo).
     repo: str | None = None
     revision: str | None = None
+    # What loading it reserves (weights estimated from its files, or the demo
+    # model's, plus its prompt-cache cap); what it holds once loaded.
+    load_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
