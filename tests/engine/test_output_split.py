@@ -245,6 +245,8 @@ def test_a_forced_custom_call_is_the_whole_answer(tokenizers):
         (call,) = out.tool_calls
         assert (call.name, call.input) == ("apply_patch", "*** Begin")
         assert json.loads(call.arguments) == {"input": "*** Begin"}
+
+
 def test_a_call_repeated_verbatim_is_sent_once(tokenizers):
     """Issue 33 item 3: the demo model under tool_choice "required" repeated its call."""
     one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n'
