@@ -142,18 +142,16 @@ class Engine:
         self._deadline.cancel()
         self._thread.stop(timeout=0)  # sets the stop flag, wakes both threads, waits for none
 
-    def stop(self, timeout: float = 10.0, *, forget: bool = True) -> bool:
+    def stop(self, timeout: float = 10.0, *, forget: bool = True) -> None:
         """Stop the engine: in-flight requests end with an error, the thread exits.
 
-        True once the thread has exited. ``forget=False`` leaves the clean-up
-        of its arrays to the caller (:func:`forget_engine_thread_arrays`, once
-        for many engines: it is a full garbage collection).
+        ``forget=False`` leaves the clean-up of its arrays to the caller
+        (:func:`forget_engine_thread_arrays`, once for many engines: it is a
+        full garbage collection).
         """
         self.begin_stop()
-        stopped = self._thread.stop(timeout)
-        if stopped and forget:
+        if self._thread.stop(timeout) and forget:
             forget_engine_thread_arrays()
-        return stopped
 
     @property
     def alive(self) -> bool:

@@ -123,8 +123,10 @@ class Fleet:
         for engine in engines:
             if isinstance(engine, Engine):
                 engine.begin_stop()
-        stopped = [engine.stop(forget=False) for engine in engines if isinstance(engine, Engine)]
-        if any(stopped):
+        chat = [engine for engine in engines if isinstance(engine, Engine)]
+        for engine in chat:
+            engine.stop(forget=False)
+        if any(not engine.alive for engine in chat):
             forget_engine_thread_arrays()
         for engine in engines:
             if not isinstance(engine, Engine):
