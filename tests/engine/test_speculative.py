@@ -1,0 +1,135 @@
+"""Speculative decoding in the batch lane gives greedy output token for token as without it.
+
+Prompt lookup on tiny random models drafts little and is mostly rejected, so
+most tests draft from an oracle instead: the output the same request gave
+with speculation off, with one token of every third draft corrupted. That
+makes rows accept different counts in one verify step (the ragged rollback),
+accept whole drafts, and reject at once, all in one run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd.config import SpeculativeSettings
+from mlxd.engine.chat.speculative.speculator import Speculator
+from mlxd.engine.constraints import json_constraint
+from mlxd.engine.messages import Finished
+from tests.support.engine import run_all, running_engine, settled, token_request
+
+MAX_TOKENS = 24
+WIDE = {"saturation_tokens": 100_000}  # the cost model never cuts the depth here
+TEXTS = [
+    "The river runs past the old mill. The river runs past the old mill.",
+    "A small computer reads a prompt, turns the words into numbers and predicts.",
+    "Memory grows with every token the model keeps.",
+    "one two three one two three one two",
+]
+
+
+def requests(tokenizer, tag: str, **kw):
+    out = [token_request(f"{tag}{i}", tokenizer.encode(t), MAX_TOKENS) for i, t in enumerate(TEXTS)]
+    if kw:
+        out[1] = token_request(f"{tag}1", tokenizer.encode(TEXTS[1]), MAX_TOKENS, **kw)
+    return out
+
+
+def oracle(monkeypatch, expected: dict[tuple[int, ...], list[int]]) -> list[int]:
+    """Draft the known answer (one token of every third draft wrong); returns the call log."""
+    calls = [0]
+
+    def draft(self, uid, tokens, pending, k):
+        prompt = next(p for p in expected if tuple(tokens[: len(p)]) == p)
+        done = len(tokens) - len(prompt) + 1
+        draft = list(expected[prompt][done : done + k])
+        calls[0] += 1
+        if draft and calls[0] % 3 == 0:
+            at = (uid + calls[0]) % len(draft)
+            draft[at] = (draft[at] + 1) % 500
+        return draft
+
+    monkeypatch.setattr(Speculator, "_draft", draft)
+    return calls
+
+
+def run(model_dir, reqs, mode: str, **spec):
+    with running_engine(
+        model_dir, batch={"size": 4, "prompt_concurrency": 4}, speculative={"mode": mode, **spec}
+    ) as engine:
+        outs = run_all(engine, reqs)
+        snap = settled(engine)
+    return outs, snap.counters
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_greedy_output_equals_speculation_off_solo_and_four_rows(
+    family, tiny_models, tiny_loaded, monkeypatch
+):
+    model_dir = tiny_models(family)
+    _, tokenizer = tiny_loaded(family)
+    reqs = requests(tokenizer, "r")
+    off, _ = run(model_dir, reqs, "off")
+    expected = {tuple(tokenizer.encode(t)): o.tokens for t, o in zip(TEXTS, off, strict=True)}
+    oracle(monkeypatch, expected)
+    four, counters = run(model_dir, reqs, "prompt_lookup", **WIDE)
+    solo, solo_counters = run(model_dir, reqs[:1], "prompt_lookup", **WIDE)
+    assert [o.tokens for o in four] == [o.tokens for o in off]
+    assert solo[0].tokens == off[0].tokens
+    ends = [o.end for o in four]
+    assert all(isinstance(e, Finished) for e in ends)
+    assert [e.usage.completion_tokens for e in ends if isinstance(e, Finished)] == [
+        len(o.tokens) for o in off
+    ]
+    if family == "llama":  # full attention: rows speculate, accept some, reject some
+        assert 0 < counters["spec_accepted_tokens"] < counters["spec_drafted_tokens"]
+        assert solo_counters["spec_accepted_tokens"] > 0
+        steps = counters["spec_verify_steps"]
+        assert steps < sum(len(o.tokens) for o in off) / 4, "drafts were accepted in bulk"
+    else:  # recurrent layers: depth 0, the step is mlx-lm's own
+        assert counters["spec_verify_steps"] == counters["spec_drafted_tokens"] == 0
+
+
+def test_a_json_schema_row_and_a_logprobs_row_beside_speculating_rows(
+    tiny_models, tiny_loaded, monkeypatch
+):
+    model_dir = tiny_models("llama")
+    _, tokenizer = tiny_loaded("llama")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    reqs = requests(tokenizer, "j", constraint=json_constraint(schema, strict=True, param="p"))
+    reqs[2] = token_request(
+        "j2", tokenizer.encode(TEXTS[2]), MAX_TOKENS, logprobs=True, top_logprobs=3
+    )
+    off, _ = run(model_dir, reqs, "off")
+    oracle(
+        monkeypatch, {tuple(tokenizer.encode(t)): o.tokens for t, o in zip(TEXTS, off, strict=True)}
+    )
+    on, counters = run(model_dir, reqs, "prompt_lookup", **WIDE)
+    assert [o.tokens for o in on] == [o.tokens for o in off]
+    assert counters["spec_accepted_tokens"] > 0
+    lp_off = [lp for d in off[2].deltas for lp in d.logprobs]
+    lp_on = [lp for d in on[2].deltas for lp in d.logprobs]
+    assert len(lp_on) == len(lp_off) == len(off[2].tokens)
+    for a, b in zip(lp_off, lp_on, strict=True):
+        assert a.id == b.id and abs(a.logprob - b.logprob) < 1e-3
+        assert [t.id for t in a.top] == [t.id for t in b.top]
+        assert all(abs(x.logprob - y.logprob) < 1e-3 for x, y in zip(a.top, b.top, strict=True))
+
+
+def test_prompt_lookup_drafts_from_the_rows_own_tokens_and_a_reload_switches_it(
+    tiny_models, tiny_loaded
+):
+    model_dir = tiny_models("llama")
+    _, tokenizer = tiny_loaded("llama")
+    reqs = requests(tokenizer, "p")
+    spec = {"mode": "off", "ngram_min": 1, **WIDE}
+    with running_engine(
+        model_dir, batch={"size": 4, "prompt_concurrency": 4}, speculative=spec
+    ) as engine:
+        off = run_all(engine, reqs)
+        assert settled(engine).counters["spec_verify_steps"] == 0
+        on_settings = SpeculativeSettings(**{**spec, "mode": "prompt_lookup"})
+        engine.apply(engine.settings.model_copy(update={"speculative": on_settings})).result(10)
+        on = run_all(engine, requests(tokenizer, "q"))
+        counters = settled(engine).counters
+    assert [o.tokens for o in on] == [o.tokens for o in off]
+    assert counters["spec_drafted_tokens"] > 0 and counters["spec_verify_steps"] > 0
