@@ -154,3 +154,19 @@ def test_long_latencies_read_in_seconds() -> None:
     assert (ms(0.042), ms(1.25), ms(9.9994), ms(46.456), ms(None)) == (
         "42 ms", "1,250 ms", "9,999 ms", "46.5 s", "—"
     )  # fmt: skip
+
+
+def test_speculation_shows_its_acceptance_once_on_and_nothing_while_off() -> None:
+    off = {"counters": {"spec_drafted_tokens": 0}, "batch": {"spec_mode": "off"}}
+    assert activity.speculation(off) is None
+    counters = {"spec_drafted_tokens": 400, "spec_accepted_tokens": 300, "spec_verify_steps": 120}
+    batch = {"spec_mode": "prompt_lookup", "spec_depth": 3}
+    v = activity.speculation({"counters": counters, "batch": batch})
+    assert v == {
+        "mode": "prompt_lookup",
+        "acceptance": "75%",
+        "accepted": "300",
+        "drafted": "400",
+        "per_verify": "2.5",
+        "depth": "3",
+    }

@@ -1,0 +1,48 @@
+"""Speculative decoding seen from outside: a per-model mode switched on by a reload,
+the same text as before, and its counters in /stats and /metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tests.support.daemon import toml_config
+from tests.support.tinymodels import tiny_model_dir
+
+PROMPT = "one two three four one two three four one two three four one two"
+
+
+def config(mode: str) -> str:
+    spec: dict[str, Any] = {"mode": mode, "ngram_min": 1, "saturation_tokens": 100_000}
+    entry = {"path": str(tiny_model_dir("llama")), "speculative": spec}
+    return toml_config(models={"tiny": entry}, batch={"size": 4, "kv_budget": "64MiB"})
+
+
+def complete(url: str) -> str:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 40, "temperature": 0}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
+
+
+def test_a_reload_turns_prompt_lookup_on_and_the_counters_show_it(apps):
+    daemon = apps.get(config("off"), name="speculative")
+    before = complete(daemon.url)
+    engine = daemon.stats()
+    assert engine["batch"]["spec_mode"] == "off"
+    assert engine["counters"]["spec_verify_steps"] == 0
+    daemon.write_config(config("prompt_lookup"))
+    assert daemon.reload().json()["outcome"] == "applied"
+    assert complete(daemon.url) == before
+    stats = daemon.stats()
+    counters = stats["counters"]
+    assert stats["batch"]["spec_mode"] == "prompt_lookup"
+    assert counters["spec_drafted_tokens"] >= counters["spec_accepted_tokens"] >= 0
+    assert counters["spec_verify_steps"] > 0
+    metrics = httpx.get(f"{daemon.url}/metrics", timeout=10).text
+    drafted = (
+        f'mlxd_spec_drafted_tokens_total{{model="tiny"}} {float(counters["spec_drafted_tokens"])}'
+    )
+    assert drafted in metrics
+    assert 'mlxd_spec_accepted_tokens_total{model="tiny"}' in metrics
