@@ -12,7 +12,6 @@ SpecMode = Literal["off", "prompt_lookup", "draft", "mtp"]
 
 # Modes the config names but this build cannot run yet, and why (a clear error, not a no-op).
 UNAVAILABLE: dict[str, str] = {
-    "draft": "draft-model speculation is not built yet (see docs/batching.md#speculative-decoding)",
     "mtp": "MTP heads are not usable here: mlx-lm strips the mtp.* weights at load and "
     "neither mlx-lm nor mlx-vlm offers an MTP head for a batched cache "
     "(see docs/batching.md#speculative-decoding)",
@@ -50,7 +49,10 @@ class SpeculativeSettings(Section):
         le=8,
     )
     draft_model: str | None = _field(
-        None, "live", 'mode = "draft": a local model directory with the same tokenizer.'
+        None,
+        "swap",
+        'mode = "draft": a local model directory with the same tokenizer, loaded with its '
+        "target (a change reloads the model).",
     )
     saturation_tokens: int = _field(
         64,

@@ -9,9 +9,13 @@ accept whole drafts, and reject at once, all in one run.
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 
 from mlxd.config import SpeculativeSettings
+from mlxd.engine.chat.loading import ModelLoadError
+from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel, load_draft
 from mlxd.engine.chat.speculative.speculator import Speculator
 from mlxd.engine.constraints import json_constraint
 from mlxd.engine.messages import Finished
@@ -133,3 +137,47 @@ def test_prompt_lookup_drafts_from_the_rows_own_tokens_and_a_reload_switches_it(
         counters = settled(engine).counters
     assert [o.tokens for o in on] == [o.tokens for o in off]
     assert counters["spec_drafted_tokens"] > 0 and counters["spec_verify_steps"] > 0
+
+
+def test_a_draft_model_identical_to_its_target_is_accepted_and_counted(tiny_models, tiny_loaded):
+    model_dir = tiny_models("llama")
+    _, tokenizer = tiny_loaded("llama")
+    reqs = requests(tokenizer, "d")
+    off, _ = run(model_dir, reqs, "off")
+    spec = {"mode": "draft", "draft_model": str(model_dir), **WIDE}
+    with running_engine(
+        model_dir, batch={"size": 4, "prompt_concurrency": 4}, speculative=spec
+    ) as engine:
+        assert engine.info is not None
+        weights = engine.info.weights_bytes
+        on = run_all(engine, reqs)
+        counters = settled(engine).counters
+    target = tiny_loaded("llama")[0]
+    arrays = [v for _, v in tree_flatten(target.parameters()) if isinstance(v, mx.array)]
+    assert weights == 2 * sum(a.nbytes for a in arrays)
+    assert [o.tokens for o in on] == [o.tokens for o in off]
+    drafted, accepted = counters["spec_drafted_tokens"], counters["spec_accepted_tokens"]
+    assert drafted > 0 and accepted >= 0.8 * drafted, (accepted, drafted)
+
+
+def test_a_draft_model_that_cannot_serve_is_refused_with_the_reason(tiny_models, tiny_loaded):
+    _, tokenizer = tiny_loaded("llama")
+    with pytest.raises(ModelLoadError, match="is not a directory"):
+        load_draft("/nonexistent/draft", tokenizer)
+    with pytest.raises(ModelLoadError, match="cannot be cut back"):
+        load_draft(str(tiny_models("qwen3_next")), tokenizer)
+
+
+def test_a_rows_draft_cache_follows_its_tokens_after_a_rejection(tiny_loaded):
+    model, tokenizer = tiny_loaded("llama")
+    draft = DraftModel(model, "same", 0)
+    prompt = tokenizer.encode(TEXTS[0])
+    follows = Drafter(draft)
+    first = follows.propose(7, prompt, 11, 4)
+    # The target kept the first drafted token, then chose another: 12 (pending 13).
+    tokens = [*prompt, 11, first[0], 12]
+    assert follows.propose(7, tokens, 13, 4) == Drafter(draft).propose(7, tokens, 13, 4)
+    # All accepted, then more plain steps: the cache catches up.
+    again = follows.propose(7, tokens, 13, 3)
+    tokens = [*tokens, 13, *again, 5, 6]
+    assert follows.propose(7, tokens, 9, 3) == Drafter(draft).propose(7, tokens, 9, 3)

@@ -1,5 +1,5 @@
 """Speculative decoding seen from outside: a per-model mode switched on by a reload,
-the same text as before, and its counters in /stats and /metrics."""
+the same text as before, its counters in /stats and /metrics; a draft model swapped in."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from tests.support.tinymodels import tiny_model_dir
 PROMPT = "one two three four one two three four one two three four one two"
 
 
-def config(mode: str) -> str:
-    spec: dict[str, Any] = {"mode": mode, "ngram_min": 1, "saturation_tokens": 100_000}
+def config(mode: str, **more: Any) -> str:
+    spec: dict[str, Any] = {"mode": mode, "ngram_min": 1, "saturation_tokens": 100_000, **more}
     entry = {"path": str(tiny_model_dir("llama")), "speculative": spec}
     return toml_config(models={"tiny": entry}, batch={"size": 4, "kv_budget": "64MiB"})
 
@@ -26,7 +26,7 @@ def complete(url: str) -> str:
     return response.json()["choices"][0]["text"]
 
 
-def test_a_reload_turns_prompt_lookup_on_and_the_counters_show_it(apps):
+def test_reloads_turn_prompt_lookup_then_a_draft_model_on(apps):
     daemon = apps.get(config("off"), name="speculative")
     before = complete(daemon.url)
     engine = daemon.stats()
@@ -46,3 +46,15 @@ def test_a_reload_turns_prompt_lookup_on_and_the_counters_show_it(apps):
     )
     assert drafted in metrics
     assert 'mlxd_spec_accepted_tokens_total{model="tiny"}' in metrics
+
+    # A draft model loads with its target: the reload swaps the model, its weights count.
+    weights = stats["model"]["weights_bytes"]
+    daemon.write_config(config("draft", draft_model=str(tiny_model_dir("llama"))))
+    assert daemon.reload().json()["outcome"] == "applied"
+    assert complete(daemon.url) == before
+    stats = daemon.stats()
+    assert stats["model"]["weights_bytes"] == 2 * weights
+    assert stats["batch"]["spec_mode"] == "draft"
+    drafted = stats["counters"]["spec_drafted_tokens"] - counters["spec_drafted_tokens"]
+    accepted = stats["counters"]["spec_accepted_tokens"] - counters["spec_accepted_tokens"]
+    assert accepted >= 0.8 * drafted > 0

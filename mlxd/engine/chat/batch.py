@@ -99,7 +99,7 @@ class BatchLane:
     def speculate(self, settings: SpeculativeSettings) -> None:
         """Apply ``[speculative]`` live (mode "off" steps exactly as without it)."""
         if self.speculator is None:
-            self.speculator = Speculator(settings)
+            self.speculator = Speculator(settings, self._loaded.draft)
             self.speculator.install(self._gen)
         else:
             self.speculator.configure(settings)

@@ -27,6 +27,11 @@ from mlxd.engine.fleet.values import FleetApplied
 _SWAP_KEYS = ("path", "chat_template", "tool_parser", "max_context", "demo_dtype", "kind")
 
 
+def _draft(settings: Settings) -> str | None:
+    spec = settings.speculative
+    return spec.draft_model if spec.mode == "draft" else None
+
+
 class RegistryReload:
     """``Fleet.apply`` and its steps."""
 
@@ -111,6 +116,8 @@ class RegistryReload:
             await asyncio.to_thread(old.stop)
         else:
             swap = any(getattr(before, k) != getattr(entry, k) for k in _SWAP_KEYS)
+            # A draft model loads with its target (docs/configuration.md#speculative).
+            swap = swap or _draft(before_settings) != _draft(slot.settings)
             if swap and slot.state == "loaded":
                 try:
                     info = await asyncio.wrap_future(slot.engine.load(slot.settings))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 
 from mlxd.config import SpeculativeSettings
+from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel
 from mlxd.engine.chat.speculative.lookup import NgramIndex
 from mlxd.engine.chat.speculative.verify import (
     greedy_rows,
@@ -44,12 +45,14 @@ class SpecTally:
 class Speculator:
     """One batch lane's speculation: settings, per-row n-gram indexes, acceptance, tallies."""
 
-    def __init__(self, settings: SpeculativeSettings):
+    def __init__(self, settings: SpeculativeSettings, draft: DraftModel | None = None):
         self.settings = settings
         self.acceptance = Acceptance()
         self.depth = 0
         self.tally = SpecTally()
         self._indexes: dict[int, NgramIndex] = {}
+        # mode = "draft": the draft model loaded with the target (None: nothing to draft with).
+        self._drafter = Drafter(draft) if draft is not None else None
 
     def configure(self, settings: SpeculativeSettings) -> None:
         """New settings, live; the n-gram indexes are rebuilt when their lengths change."""
@@ -75,6 +78,9 @@ class Speculator:
         self, batch: GenerationBatch, plain: Callable[[], list[GenerationBatch.Response]]
     ) -> list[GenerationBatch.Response]:
         settings = self.settings
+        if settings.mode == "draft" and self._drafter is None:
+            self.depth = 0  # the draft model loads with its target: a reload swaps it in
+            return plain()
         if settings.mode == "off" or not batch.uids or not verifiable(batch):
             self.depth = 0
             return plain()
@@ -114,6 +120,8 @@ class Speculator:
         return responses
 
     def _draft(self, uid: int, tokens: list[int], pending: int, k: int) -> list[int]:
+        if self.settings.mode == "draft" and self._drafter is not None:
+            return self._drafter.propose(uid, tokens, pending, k)
         index = self._indexes.get(uid)
         if index is None or len(index) > len(tokens) + 1:
             index = self._indexes[uid] = NgramIndex(
@@ -125,6 +133,8 @@ class Speculator:
         return index.propose(k)
 
     def _forget(self, uids: list[int]) -> None:
+        if self._drafter is not None:
+            self._drafter.forget(set(uids))
         if len(self._indexes) > len(uids):
             live = set(uids)
             for uid in [u for u in self._indexes if u not in live]:
