@@ -38,7 +38,9 @@ def requests(tokenizer, tag: str, **kw):
     return out
 
 
-def oracle(monkeypatch, expected: dict[tuple[int, ...], list[int]]) -> list[int]:
+def oracle(
+    monkeypatch, expected: dict[tuple[int, ...], list[int]], *, corrupt: bool = True
+) -> list[int]:
     """Draft the known answer (one token of every third draft wrong); returns the call log."""
     calls = [0]
 
@@ -47,7 +49,7 @@ def oracle(monkeypatch, expected: dict[tuple[int, ...], list[int]]) -> list[int]
         done = len(tokens) - len(prompt) + 1
         draft = list(expected[prompt][done : done + k])
         calls[0] += 1
-        if draft and calls[0] % 3 == 0:
+        if corrupt and draft and calls[0] % 3 == 0:
             at = (uid + calls[0]) % len(draft)
             draft[at] = (draft[at] + 1) % 500
         return draft
@@ -181,3 +183,34 @@ def test_a_rows_draft_cache_follows_its_tokens_after_a_rejection(tiny_loaded):
     again = follows.propose(7, tokens, 13, 3)
     tokens = [*tokens, 13, *again, 5, 6]
     assert follows.propose(7, tokens, 9, 3) == Drafter(draft).propose(7, tokens, 9, 3)
+
+
+def test_stop_strings_and_max_tokens_cut_an_accepted_draft_where_off_stops(
+    tiny_models, tiny_loaded, monkeypatch
+):
+    model_dir = tiny_models("llama")
+    _, tokenizer = tiny_loaded("llama")
+    free, _ = run(model_dir, requests(tokenizer, "f")[:1], "off")
+    stop = tokenizer.decode(free[0].tokens[9:11])
+    assert stop.strip() and stop not in tokenizer.decode(free[0].tokens[:9])
+    reqs = requests(tokenizer, "s")
+    reqs[0] = token_request("s0", tokenizer.encode(TEXTS[0]), MAX_TOKENS, stop=(stop,))
+    reqs[3] = token_request("s3", tokenizer.encode(TEXTS[3]), 7)
+    off, _ = run(model_dir, reqs, "off")
+    oracle(
+        monkeypatch,
+        {
+            tuple(tokenizer.encode(t)): free[0].tokens if i == 0 else o.tokens
+            for i, (t, o) in enumerate(zip(TEXTS, off, strict=True))
+        },
+        corrupt=False,  # whole drafts accepted: the stop lands inside a step's tokens
+    )
+    on, counters = run(model_dir, reqs, "prompt_lookup", **WIDE)
+    assert counters["spec_accepted_tokens"] > 0
+
+    def seen(outs):
+        return [(o.text, o.tokens, o.end.finish_reason, o.end.usage) for o in outs]
+
+    assert seen(on) == seen(off)
+    assert stop not in on[0].text and seen(on)[0][2] == "stop"
+    assert len(on[3].tokens) == 7 and seen(on)[3][2] == "length"

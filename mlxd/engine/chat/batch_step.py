@@ -65,6 +65,8 @@ def step(core: EngineCore) -> None:
     early: list[Row] = []
     for out in outs:
         row = out.row
+        if early and row in early:
+            continue  # a speculative step's tokens after a stop string (or a failure)
         stopped = False
         if row.error is None:
             try:
