@@ -6,11 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
+from mlxd.engine.policy.spec_depth import StepCosts
 from tests.support.daemon import toml_config
 from tests.support.tinymodels import tiny_model_dir
 
 PROMPT = "one two three four one two three four one two three four one two"
+
+
+@pytest.fixture(autouse=True)
+def formula_costs(monkeypatch):
+    """The cost model's formula only: step times measured on a shared CPU would vary."""
+    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, width: None)
 
 
 def config(mode: str, **more: Any) -> str:

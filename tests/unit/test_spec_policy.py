@@ -8,6 +8,7 @@ from mlxd.engine.chat.speculative.lookup import NgramIndex
 from mlxd.engine.policy.spec_depth import (
     PRIOR,
     Acceptance,
+    StepCosts,
     choose_depth,
     expected_tokens,
     step_cost,
@@ -70,3 +71,17 @@ def test_acceptance_is_measured_then_decays_back_to_the_prior():
     for _ in range(300):
         acceptance.record(0, 0)
     assert low < acceptance.rate == pytest.approx(PRIOR, abs=0.05)
+
+
+def test_measured_step_costs_replace_the_formula_for_their_rows():
+    costs = StepCosts()
+    assert costs.ratio(8, 5) is None
+    assert choose_depth(8, 4, 0.6, 64, costs) == choose_depth(8, 4, 0.6, 64)
+    costs.record(8, 1, 0.10)
+    for width in range(2, 6):  # a compute-bound machine: every extra token costs fully
+        costs.record(8, width, 0.10 * width)
+    assert costs.ratio(8, 5) == pytest.approx(5.0)
+    assert choose_depth(8, 4, 0.6, 64, costs) == 0
+    assert choose_depth(4, 4, 0.6, 64, costs) == choose_depth(4, 4, 0.6, 64) > 0  # not measured
+    costs.record(8, 1, 0.20)  # a moving average: one slow step moves it part of the way
+    assert 0.10 < costs.seconds[(8, 1)] < 0.20

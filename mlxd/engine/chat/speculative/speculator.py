@@ -12,6 +12,7 @@ models), the step is mlx-lm's own, unchanged.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ from mlxd.engine.chat.speculative.verify import (
     verifiable,
     verify,
 )
-from mlxd.engine.policy.spec_depth import Acceptance, choose_depth
+from mlxd.engine.policy.spec_depth import Acceptance, StepCosts, choose_depth
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class Speculator:
         self.acceptance = Acceptance()
         self.depth = 0
         self.tally = SpecTally()
+        self.costs = StepCosts()
+        # Rows of the last step when it was a plain one (0: it was not).
+        self._plain_rows = 0
         self._indexes: dict[int, NgramIndex] = {}
         # mode = "draft": the draft model loaded with the target (None: nothing to draft with).
         self._drafter = Drafter(draft) if draft is not None else None
@@ -85,16 +89,19 @@ class Speculator:
             self.depth = 0
             return plain()
         rows = greedy_rows(batch)
+        width = len(batch.uids)
         self.depth = depth = choose_depth(
-            len(batch.uids),
+            width,
             settings.max_draft_tokens,
             self.acceptance.rate,
             settings.saturation_tokens,
+            self.costs,
         )
         if not rows or depth == 0:
             self.acceptance.record(0, 0)
-            return plain()
+            return self._plain(width, plain)
         pending = pending_tokens(batch)
+        started = time.perf_counter()
         drafts: list[list[int]] = [[] for _ in batch.uids]
         for i in rows:
             room = batch.max_tokens[i] - batch._num_tokens[i] - 1
@@ -105,8 +112,10 @@ class Speculator:
         self._forget(batch.uids)
         if not any(drafts):
             self.acceptance.record(0, 0)
-            return plain()
+            return self._plain(width, plain)
         responses, verified = verify(batch, pending, drafts)
+        self.costs.record(width, verified.width, time.perf_counter() - started)
+        self._plain_rows = 0
         drafted, accepted = sum(verified.drafted), sum(verified.accepted)
         self.acceptance.record(drafted, accepted)
         tally = self.tally
@@ -117,6 +126,21 @@ class Speculator:
             if d:
                 before = tally.rows.get(uid, (0, 0))
                 tally.rows[uid] = (before[0] + d, before[1] + a)
+        return responses
+
+    def _plain(
+        self, rows: int, plain: Callable[[], list[GenerationBatch.Response]]
+    ) -> list[GenerationBatch.Response]:
+        """mlx-lm's own step, timed.
+
+        It is pipelined: it waits for the previous step's forward, not its own,
+        so only a plain step after a plain step of the same rows times one step.
+        """
+        started = time.perf_counter()
+        responses = plain()
+        if self._plain_rows == rows:
+            self.costs.record(rows, 1, time.perf_counter() - started)
+        self._plain_rows = rows
         return responses
 
     def _draft(self, uid: int, tokens: list[int], pending: int, k: int) -> list[int]:
