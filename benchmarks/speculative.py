@@ -85,14 +85,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--saturation-tokens", type=int, default=64)
     p.add_argument("--draft-model", default=None, help='mode "draft": its directory')
     p.add_argument("--mlx-lm", action="store_true", help="mlx-lm's speculative path at C=1")
-    p.add_argument("--quick", action="store_true", help="smoke test: C = 1, 2; 16 tokens")
+    p.add_argument("--quick", action="store_true", help="smoke test: C = 2, 16 tokens, no warm-up")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.modes = args.modes.split(",")
     args.tasks = args.tasks.split(",")
     if args.quick:
-        args.concurrency, args.max_tokens = [1, 2], 16
+        args.concurrency, args.max_tokens = [2], 16
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     args.out = args.out or ROOT / "benchmarks" / "results" / f"speculative-{stamp}.json"
     return args
@@ -206,7 +206,8 @@ def run_mlxd(args: argparse.Namespace, model_dir: str, workdir: Path) -> tuple[l
             for c in args.concurrency:
                 for mode in args.modes:
                     reload_to(server, url, mode, cfg, config(args, model_dir, mode))
-                    asyncio.run(wave(url, args, task, 1, 8))  # warm-up, not counted
+                    if not args.quick:
+                        asyncio.run(wave(url, args, task, 1, 8))  # warm-up, not counted
                     before = counters(url)
                     result = asyncio.run(wave(url, args, task, c))
                     after = counters(url)
