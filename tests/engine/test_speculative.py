@@ -18,7 +18,7 @@ from mlxd.engine.chat.loading import ModelLoadError
 from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel, load_draft
 from mlxd.engine.chat.speculative.speculator import Speculator
 from mlxd.engine.constraints import json_constraint
-from mlxd.engine.messages import Finished
+from mlxd.engine.messages import Finished, SamplingParams
 from mlxd.engine.policy.spec_depth import StepCosts
 from tests.support.engine import run_all, running_engine, settled, token_request
 
@@ -112,7 +112,7 @@ def test_greedy_output_equals_speculation_off_solo_and_four_rows(
         assert counters["spec_verify_steps"] == counters["spec_drafted_tokens"] == 0
 
 
-def test_a_json_schema_row_and_a_logprobs_row_beside_speculating_rows(
+def test_a_json_schema_row_a_logprobs_row_and_a_sampled_row_beside_a_speculating_row(
     tiny_models, tiny_loaded, monkeypatch
 ):
     model_dir = tiny_models("llama")
@@ -122,12 +122,15 @@ def test_a_json_schema_row_and_a_logprobs_row_beside_speculating_rows(
     reqs[2] = token_request(
         "j2", tokenizer.encode(TEXTS[2]), MAX_TOKENS, logprobs=True, top_logprobs=3
     )
+    sampled = SamplingParams(temperature=0.8, top_p=0.9)  # depth 0, its own sampler
+    reqs[3] = token_request("j3", tokenizer.encode(TEXTS[3]), MAX_TOKENS, sampling=sampled)
     off, _ = run(model_dir, reqs, "off")
     oracle(
         monkeypatch, {tuple(tokenizer.encode(t)): o.tokens for t, o in zip(TEXTS, off, strict=True)}
     )
     on, counters = run(model_dir, reqs, "prompt_lookup", **WIDE)
-    assert [o.tokens for o in on] == [o.tokens for o in off]
+    assert [o.tokens for o in on[:3]] == [o.tokens for o in off[:3]]
+    assert isinstance(on[3].end, Finished) and len(on[3].tokens) > 0
     assert counters["spec_accepted_tokens"] > 0
     lp_off = [lp for d in off[2].deltas for lp in d.logprobs]
     lp_on = [lp for d in on[2].deltas for lp in d.logprobs]
