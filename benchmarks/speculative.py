@@ -73,7 +73,7 @@ QUESTIONS = [
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--model", default="demo", help="an mlx-lm model directory, or demo")
     p.add_argument("--demo-dtype", default="auto")
     p.add_argument("--blas", default="auto")
