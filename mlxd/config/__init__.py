@@ -11,7 +11,8 @@ Each field says how a change to it takes effect when the file is reloaded:
 swapped) or ``restart`` (reported as ``restart_required``, not applied).
 
 The package: ``units`` (byte sizes, durations), ``sections`` (one model per
-table; ``keys`` and ``batches`` hold their own), ``registry`` (the models a
+table; ``keys``, ``batches`` and
+``speculative`` hold their own), ``registry`` (the models a
 config names), ``issues`` (errors with keys and lines); this module builds and
 writes the whole.
 """
@@ -40,6 +41,7 @@ from mlxd.config.sections import (
     default_state_dir,
 )
 from mlxd.config.settings import SECTIONS, Settings, reload_class
+from mlxd.config.speculative import SpeculativeSettings
 from mlxd.config.units import Bytes, KeepAlive, KvBudget, format_bytes, parse_bytes, shown_value
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "Section",
     "ServerSettings",
     "Settings",
+    "SpeculativeSettings",
     "default_state_dir",
     "dump_toml",
     "effective_toml",

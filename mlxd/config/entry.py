@@ -15,6 +15,7 @@ from mlxd.config.sections import (
     Section,
     _field,
 )
+from mlxd.config.speculative import SpeculativeSettings
 from mlxd.config.units import KeepAlive
 
 # The sections an entry may override, by name.
@@ -23,6 +24,7 @@ OVERRIDABLE = {
     "lanes": LaneSettings,
     "sampling": SamplingSettings,
     "prompt_cache": PromptCacheSettings,
+    "speculative": SpeculativeSettings,
 }
 
 
@@ -45,6 +47,7 @@ BatchOverride = _override(BatchSettings)
 LaneOverride = _override(LaneSettings)
 SamplingOverride = _override(SamplingSettings)
 PromptCacheOverride = _override(PromptCacheSettings)
+SpeculativeOverride = _override(SpeculativeSettings)
 
 
 class ModelEntry(ModelSettings):
@@ -77,4 +80,7 @@ class ModelEntry(ModelSettings):
     )
     prompt_cache: PromptCacheOverride = _field(  # type: ignore[valid-type]
         PromptCacheOverride(), "live", "[prompt_cache] keys for this model alone."
+    )
+    speculative: SpeculativeOverride = _field(  # type: ignore[valid-type]
+        SpeculativeOverride(), "live", "[speculative] keys for this model alone."
     )

@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from mlxd.config.entry import OVERRIDABLE, ModelEntry
 from mlxd.config.issues import ConfigIssue
 from mlxd.config.sections import ModelSettings
@@ -181,6 +183,7 @@ def registry_issues(settings: Settings) -> list[ConfigIssue]:
                     )
                 )
             owners.setdefault(alias, model_id)
+        issues.extend(_override_issues(settings, model_id, entry))
     if not any(e.kind == "chat" for e in models.values()):
         issues.append(
             ConfigIssue("[models]", 'the registry needs at least one kind = "chat" model')
@@ -205,6 +208,22 @@ def registry_issues(settings: Settings) -> list[ConfigIssue]:
             )
         elif not chats:
             issues.append(ConfigIssue("[cluster]", "a cluster serves a chat model"))
+    return issues
+
+
+def _override_issues(settings: Settings, model_id: str, entry: ModelEntry) -> list[ConfigIssue]:
+    """What an entry's override tables break once merged over the global sections."""
+    issues = []
+    for name, section in OVERRIDABLE.items():
+        own = getattr(entry, name).model_dump(exclude_none=True)
+        if not own:
+            continue
+        try:
+            section.model_validate({**getattr(settings, name).model_dump(), **own})
+        except ValidationError as exc:
+            for error in exc.errors():
+                message = str(error["msg"]).removeprefix("Value error, ")
+                issues.append(ConfigIssue(f"[models.{model_id}] {name}", message))
     return issues
 
 

@@ -29,6 +29,7 @@ from mlxd.config.sections import (
     Section,
     ServerSettings,
 )
+from mlxd.config.speculative import SpeculativeSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,6 +72,7 @@ class Settings(BaseSettings):
     lanes: LaneSettings = LaneSettings()
     prompt_cache: PromptCacheSettings = PromptCacheSettings()
     sampling: SamplingSettings = SamplingSettings()
+    speculative: SpeculativeSettings = SpeculativeSettings()
     limits: LimitSettings = LimitSettings()
     responses: ResponsesSettings = ResponsesSettings()
     batches: BatchesSettings = BatchesSettings()

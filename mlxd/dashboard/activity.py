@@ -135,4 +135,23 @@ def counters(s: dict[str, Any], now: float) -> Formatted:
         # A vision-language model's: shown once it has served images.
         "images": count(c.get("images") or 0) if c.get("images") else None,
         "vision_time": duration(c.get("vision_seconds") or 0.0),
+        "speculation": speculation(s),
+    }
+
+
+def speculation(s: dict[str, Any]) -> dict[str, str] | None:
+    """Speculative decoding's acceptance, once the model speculates or has drafted."""
+    c, batch = s["counters"], s.get("batch", {})
+    drafted, accepted = c.get("spec_drafted_tokens", 0), c.get("spec_accepted_tokens", 0)
+    mode = batch.get("spec_mode", "off")
+    if mode == "off" and not drafted:
+        return None
+    steps = c.get("spec_verify_steps", 0)
+    return {
+        "mode": mode,
+        "acceptance": percent(accepted, drafted),
+        "accepted": count(accepted),
+        "drafted": count(drafted),
+        "per_verify": f"{accepted / steps:.1f}" if steps else "0",
+        "depth": str(batch.get("spec_depth", 0)),
     }

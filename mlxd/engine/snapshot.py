@@ -63,6 +63,9 @@ class RunningRow:
     # Images in the prompt (a vision-language model's), and the prompt tokens they take.
     images: int = 0
     image_tokens: int = 0
+    # Speculative decoding: tokens drafted for the row, and accepted.
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,10 @@ class BatchState:
     max_active_rows_seen: int
     max_kv_bytes_seen: int
     admission_paused: str | None
+    # Speculative decoding: the mode in effect, the last step's depth, the measured acceptance.
+    spec_mode: str = "off"
+    spec_depth: int = 0
+    spec_acceptance: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -162,3 +162,18 @@ def test_priority_benchmark_measures_fifo_against_preemption(tiny_models, tmp_pa
         assert m["errors"] == 0 and m["tokens_per_s"] > 0 and m["interactive_requests"] > 0
     assert results["fifo"]["preemptions"] == 0
     assert "| preempt |" in done.stdout and "vs fifo" in done.stdout
+
+
+def test_speculative_benchmark_compares_modes_in_one_daemon(tiny_models, tmp_path: Path) -> None:
+    out = tmp_path / "speculative.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "speculative.py"), "--quick",
+        "--model", str(tiny_models("llama")), "--tasks", "copy", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["mode"], r["c"]) for r in rows} == {("off", 2), ("prompt_lookup", 2)}
+    assert all(r["tokens"] > 0 and r["tps"] > 0 for r in rows)
+    assert all(r["spec_verify_steps"] == 0 for r in rows if r["mode"] == "off")
+    assert "| copy | 2 |" in done.stdout and "prompt_lookup vs off" in done.stdout

@@ -252,3 +252,19 @@ def test_quick_controls_cover_the_budget_preemption_pin_and_keep_alive(tmp_path)
     after = load_settings(path)
     assert after.scheduling.preempt is True and after.models["demo"].pin is False
     assert quick_values(after)["models.qwen2.5.keep_alive"] == "7200s"
+
+
+def test_speculation_shows_its_acceptance_once_on_and_nothing_while_off() -> None:
+    off = {"counters": {"spec_drafted_tokens": 0}, "batch": {"spec_mode": "off"}}
+    assert activity.speculation(off) is None
+    counters = {"spec_drafted_tokens": 400, "spec_accepted_tokens": 300, "spec_verify_steps": 120}
+    batch = {"spec_mode": "prompt_lookup", "spec_depth": 3}
+    v = activity.speculation({"counters": counters, "batch": batch})
+    assert v == {
+        "mode": "prompt_lookup",
+        "acceptance": "75%",
+        "accepted": "300",
+        "drafted": "400",
+        "per_verify": "2.5",
+        "depth": "3",
+    }

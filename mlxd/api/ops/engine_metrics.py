@@ -109,6 +109,10 @@ COUNTERS: tuple[tuple[str, str, Reader], ...] = (
      lambda s: s.counters["images"]),
     ("mlxd_vision_seconds", "Engine time the vision tower took for completed requests.",
      lambda s: s.counters["vision_seconds"]),
+    ("mlxd_spec_drafted_tokens", "Tokens drafted and verified by speculative decoding.",
+     lambda s: s.counters["spec_drafted_tokens"]),
+    ("mlxd_spec_accepted_tokens", "Drafted tokens accepted (each one a forward pass saved).",
+     lambda s: s.counters["spec_accepted_tokens"]),
 )  # fmt: skip
 
 # (name, help, counters key, label): counters keyed by one label.

@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from mlxd.config import BatchSettings
+from mlxd.config import BatchSettings, SpeculativeSettings
 from mlxd.engine.chat.checkpoints import segments
 from mlxd.engine.chat.kv_caches import normalize
 from mlxd.engine.chat.loading import LoadedModel
@@ -27,6 +27,7 @@ from mlxd.engine.chat.sampling import (
     guard_processor,
     guard_sampler,
 )
+from mlxd.engine.chat.speculative.speculator import Speculator
 from mlxd.engine.chat.vision import guard_tokens, hold, let_go
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class BatchLane:
         self.checkpoints: list[Checkpoint] = []
         # One row that joined an empty batch and has been alone since: projected exactly.
         self.lone = False
+        # Speculative decoding ([speculative]); None until speculate() is called.
+        self.speculator: Speculator | None = None
 
     def _make_generator(self, settings: BatchSettings) -> BatchGenerator:
         eos = sorted(self._loaded.tokenizer.eos_token_ids)
@@ -112,6 +115,14 @@ class BatchLane:
         chunk = self._pace.chunk()
         self._gen.prefill_step_size = chunk
         self._gen._prompt_batch.prefill_step_size = chunk
+
+    def speculate(self, settings: SpeculativeSettings) -> None:
+        """Apply ``[speculative]`` live (mode "off" steps exactly as without it)."""
+        if self.speculator is None:
+            self.speculator = Speculator(settings, self._loaded.draft)
+            self.speculator.install(self._gen)
+        else:
+            self.speculator.configure(settings)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -161,6 +172,13 @@ class BatchLane:
         """One generator step: a decode step for running rows, a prefill chunk for joiners."""
         with self._gen.stats() as stats:
             prompt_responses, gen_responses = self._gen.next()
+        if self.speculator is not None:
+            for uid, (drafted, accepted) in self.speculator.tally.rows.items():
+                row = self.rows.get(uid)
+                if row is not None:
+                    row.spec_drafted += drafted
+                    row.spec_accepted += accepted
+            self.speculator.tally.rows.clear()
         marks = []
         width = 0
         for r in prompt_responses:
@@ -222,6 +240,8 @@ class BatchLane:
         except Exception:  # the old generator is beyond use either way
             logger.exception("closing the failed batch generator")
         self._gen = self._make_generator(settings)
+        if self.speculator is not None:
+            self.speculator.install(self._gen)
         return rows
 
     def close(self) -> None:

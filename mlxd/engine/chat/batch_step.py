@@ -25,6 +25,7 @@ def admit(core: EngineCore, joins: tuple[Join, ...]) -> None:
         assert loaded is not None
         if core.batch is None:
             core.batch = core.hooks.make_batch_lane(loaded, core.settings.batch, faults=core.faults)
+            core.batch.speculate(core.settings.speculative)
         batch = core.batch
         for join in joins:
             row = join.row
@@ -52,6 +53,11 @@ def step(core: EngineCore) -> None:
         return
     core.counters.prefill_seconds += stats.prompt_time
     core.counters.decode_seconds += stats.decode_time
+    if batch.speculator is not None:
+        tally = batch.speculator.take()
+        core.counters.spec_drafted_tokens += tally.drafted
+        core.counters.spec_accepted_tokens += tally.accepted
+        core.counters.spec_verify_steps += tally.steps
     for taken in batch.checkpoints:
         core.store_checkpoint(taken.tokens, taken.cache, taken.kind)
     batch.checkpoints = []
@@ -59,6 +65,8 @@ def step(core: EngineCore) -> None:
     early: list[Row] = []
     for out in outs:
         row = out.row
+        if early and row in early:
+            continue  # a speculative step's tokens after a stop string (or a failure)
         stopped = False
         if row.error is None:
             try:

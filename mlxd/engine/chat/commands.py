@@ -14,7 +14,7 @@ import concurrent.futures
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.config import ModelSettings, Settings
+from mlxd.config import ModelSettings, Settings, SpeculativeSettings
 from mlxd.engine.channel import Channel
 from mlxd.engine.messages import GenerationRequest
 
@@ -42,6 +42,8 @@ class Load:
     """
 
     model: ModelSettings
+    # The new [speculative] table: a draft model loads with its target.
+    speculative: SpeculativeSettings | None = None
 
 
 @dataclass(frozen=True)

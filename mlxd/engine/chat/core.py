@@ -162,6 +162,7 @@ class EngineCore:
         self.prompt_cache.configure(new, self.live_bytes())
         if self.batch is not None:
             self.batch.configure(settings.batch)
+            self.batch.speculate(settings.speculative)
         self.scheduler.apply(settings, self.lanes)
 
     def release(self) -> None:

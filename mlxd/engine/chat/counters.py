@@ -107,6 +107,11 @@ class Counters:
     # (0 for images whose tokens came from the prompt cache).
     images: int = 0
     vision_seconds: float = 0.0
+    # Speculative decoding ([speculative]): tokens drafted and verified, drafted tokens
+    # accepted (each accepted one is a forward saved), and verify steps run.
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verify_steps: int = 0
 
     def outcome(self, lane: str, outcome: str) -> None:
         self.requests[lane][outcome] += 1

@@ -214,7 +214,7 @@ class Engine:
 
     def load(self, settings: Settings) -> concurrent.futures.Future[ModelInfo]:
         """Drain both lanes, load ``settings.model`` and serve it; on failure the old one stays."""
-        return self.send(Load(settings.model))
+        return self.send(Load(settings.model, settings.speculative))
 
     def unload(self) -> concurrent.futures.Future[None]:
         """Drain both lanes and drop the model; the thread waits for the next :meth:`load`."""

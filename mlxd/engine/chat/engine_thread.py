@@ -338,8 +338,8 @@ class EngineThread:
     def _execute(self, command: Command) -> Any:
         core = self.core
         match command:
-            case Load(model=model):
-                return self.model.swap(model)
+            case Load(model=model, speculative=speculative):
+                return self.model.swap(model, speculative)
             case Unload():
                 return self.model.unload()
             case Apply(settings=settings):

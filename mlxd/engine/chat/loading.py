@@ -60,6 +60,8 @@ class LoadedModel:
     rewindable: bool = False
     # A vision-language model's processor (mlxd.engine.chat.vision_intake), else None.
     vision: Processor | None = None
+    # [speculative] mode = "draft": the draft model (mlxd.engine.chat.speculative.drafter).
+    draft: Any = None
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:

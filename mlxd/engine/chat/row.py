@@ -110,6 +110,9 @@ class Row:
     images_held: bool = False
     # Seconds the vision tower ran for this row (0 when its images came from the cache).
     vision_seconds: float = 0.0
+    # Speculative decoding: tokens drafted for the row and accepted (mlxd.engine.chat.speculative).
+    spec_drafted: int = 0
+    spec_accepted: int = 0
 
     @property
     def id(self) -> str:

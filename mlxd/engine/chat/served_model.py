@@ -14,10 +14,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mlxd.config import ModelSettings
+from mlxd.config import ModelSettings, SpeculativeSettings
 from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.enqueue import prepare_queued_again
 from mlxd.engine.chat.loading import LoadedModel, ModelLoadError
+from mlxd.engine.chat.speculative.drafter import attach_draft
 from mlxd.engine.messages import ModelInfo
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class ServedModel:
         """Load the model the settings name; returns why it did not load, or None."""
         core = self._core
         try:
-            loaded = self._load(core.settings.model)
+            loaded = self._load(core.settings.model, core.settings.speculative)
         except ModelLoadError as exc:
             logger.error("%s", exc)
             core.model_status, core.model_error = "failed", str(exc)
@@ -57,7 +58,9 @@ class ServedModel:
             return core.model_error or "the model did not load"
         return None
 
-    def swap(self, model: ModelSettings) -> ModelInfo:
+    def swap(
+        self, model: ModelSettings, speculative: SpeculativeSettings | None = None
+    ) -> ModelInfo:
         """Serve ``model`` instead (the lanes are idle); on failure the old one stays."""
         core = self._core
         previous_status = core.model_status
@@ -65,7 +68,7 @@ class ServedModel:
         self._publish()
         self._generation += 1
         try:
-            loaded = self._load(model)
+            loaded = self._load(model, speculative or core.settings.speculative)
         except Exception as exc:
             core.model_status = previous_status if core.loaded is not None else "failed"
             core.note_error(f"model swap failed: {exc}")
@@ -87,10 +90,11 @@ class ServedModel:
         self.info = None
         _free_device_memory()
 
-    def _load(self, model: ModelSettings) -> LoadedModel:
-        return self._core.hooks.load(
+    def _load(self, model: ModelSettings, speculative: SpeculativeSettings) -> LoadedModel:
+        loaded = self._core.hooks.load(
             model, optimized_blas=self._optimized_blas, generation=self._generation
         )
+        return attach_draft(loaded, speculative)
 
     def _published(self, loaded: LoadedModel) -> None:
         self.grammars = loaded.grammars

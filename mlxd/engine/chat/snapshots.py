@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mlxd.engine.cluster_status import ClusterStatus
 from mlxd.engine.policy import admission
@@ -44,7 +44,23 @@ def _running_row(row: Row, now: float, kv_bytes: int, projected: int) -> Running
         preemptions=row.preemptions,
         images=row.images.count if row.images is not None else 0,
         image_tokens=len(row.images.ids) if row.images is not None else 0,
+        spec_drafted_tokens=row.spec_drafted,
+        spec_accepted_tokens=row.spec_accepted,
     )
+
+
+def _speculation(core: EngineCore) -> dict[str, Any]:
+    """The batch lane's speculation now: mode in effect, last depth, measured acceptance."""
+    if core.batch is None:  # no batch lane yet: the mode its first row will step with
+        return {"spec_mode": core.settings.speculative.mode}
+    spec = core.batch.speculator
+    if spec is None:  # a cluster's lane does not speculate
+        return {}
+    return {
+        "spec_mode": spec.settings.mode,
+        "spec_depth": spec.depth,
+        "spec_acceptance": round(spec.acceptance.rate, 3),
+    }
 
 
 def build_snapshot(
@@ -142,6 +158,7 @@ def build_snapshot(
             max_active_rows_seen=core.max_active_seen,
             max_kv_bytes_seen=sched.max_kv_seen,
             admission_paused=open_drain.reason if open_drain else None,
+            **_speculation(core),
         ),
         rows=tuple(rows),
         pending=tuple(pending),

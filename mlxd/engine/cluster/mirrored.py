@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
-from mlxd.config import BatchSettings, PromptCacheSettings
+from mlxd.config import BatchSettings, PromptCacheSettings, SpeculativeSettings
 from mlxd.engine.chat.batch import BatchLane, TokenOut
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.prompt_cache import Entry, Fetched, Kind, PromptCache
@@ -69,6 +69,10 @@ class MirroredBatchLane(BatchLane):
     ):
         super().__init__(loaded, settings, faults=faults, paced=False)
         self._leader = leader
+
+    def speculate(self, settings: SpeculativeSettings) -> None:
+        """A cluster does not speculate: its ranks step in lockstep on plain steps."""
+        return None
 
     def insert(self, row: Row, cache: list[Any] | None, rest: list[int]) -> None:
         super().insert(row, cache, rest)

@@ -29,6 +29,11 @@ _SWAP_KEYS = (
 )  # fmt: skip
 
 
+def _draft(settings: Settings) -> str | None:
+    spec = settings.speculative
+    return spec.draft_model if spec.mode == "draft" else None
+
+
 class RegistryReload:
     """``Fleet.apply`` and its steps."""
 
@@ -113,6 +118,8 @@ class RegistryReload:
             await asyncio.to_thread(old.stop)
         else:
             swap = any(getattr(before, k) != getattr(entry, k) for k in _SWAP_KEYS)
+            # A draft model loads with its target (docs/configuration.md#speculative).
+            swap = swap or _draft(before_settings) != _draft(slot.settings)
             if swap and slot.state == "loaded":
                 try:
                     info = await asyncio.wrap_future(slot.engine.load(slot.settings))

@@ -1,0 +1,1 @@
+"""Speculative decoding in the batch lane (docs/batching.md#speculative-decoding)."""
