@@ -68,6 +68,7 @@ from mlxd.engine.messages import (
 from mlxd.engine.policy.lanes import LaneDecision
 from mlxd.engine.policy.priority import CLASSES as PRIORITY_CLASSES
 from mlxd.engine.policy.priority import capped as capped_priority
+from mlxd.engine.rerank.pairs import pair_texts as rerank_pair_texts
 from mlxd.engine.snapshot import RecentLookup, Snapshot
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ __all__ = [
     "image_from_bytes",
     "image_from_data_url",
     "json_constraint",
+    "rerank_pair_texts",
     "tool_constraint",
     "validate_constraint",
 ]

@@ -80,7 +80,8 @@ def test_root_path_top_n_and_no_documents_by_default(http) -> None:
         ({"documents": ["x"] * (MAX_DOCUMENTS + 1)}, "documents", f"at most {MAX_DOCUMENTS}"),
         ({"documents": ["ok"], "query": ""}, "query", "'query' must not be empty"),
         ({"documents": ["ok"], "top_n": 0}, "top_n", "at least 1"),
-        ({"documents": ["ok", "word " * 5000]}, "documents", "document N-1"),
+        ({"documents": ["ok", "word " * 5000]}, "documents", "Document 1 is 5000 words"),
+        ({"documents": ["ok"], "query": "word " * 5000}, "query", "The query is 5000 words"),
     ],
 )
 def test_limits_are_clear_400s(http, fields, param, needle) -> None:

@@ -3,18 +3,23 @@
 ``{model, query, documents, top_n, return_documents}`` answers
 ``{results: [{index, relevance_score, document?}], usage}``, best first.
 
-An embedding model (``kind = "embedding"``) serves it by cosine similarity:
-the query and the documents are embedded in one batch by the model's
-:class:`~mlxd.engine.embeddings.engine.EmbeddingEngine` (unit vectors), and
-each document's score is its vector's dot product with the query's, a value
-in [-1, 1]. The answer says so (``"scoring": "embedding_cosine"``). Limits:
-at most :data:`MAX_DOCUMENTS` documents, each (and the query) within the
-model's context, else a 400 naming the document.
+A reranker (``kind = "rerank"``: a cross-encoder or a yes/no LM,
+:mod:`mlxd.engine.rerank`) scores each (query, document) pair itself, a
+probability in [0, 1]. An embedding model (``kind = "embedding"``) serves it
+by cosine similarity: the query and the documents are embedded in one batch
+by the model's :class:`~mlxd.engine.embeddings.engine.EmbeddingEngine` (unit
+vectors), and each document's score is its vector's dot product with the
+query's, a value in [-1, 1]. The answer's ``scoring`` says which
+(``cross_encoder``, ``yes_no_lm``, ``embedding_cosine``). A request that names
+no model gets the default reranker, else the default embedding model.
+Limits: at most :data:`MAX_DOCUMENTS` documents, each (and the query, or
+each pair) within the model's context, else a 400 naming the document.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +33,8 @@ from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import note_of
 from mlxd.api.lease import check_accepting, held
 from mlxd.api.state import AppState, Mlxd
-from mlxd.engine import EmbeddingError, Failed, check_embedding_inputs
+from mlxd.config.registry import default_id, registry, resolve
+from mlxd.engine import EmbeddingError, Failed, check_embedding_inputs, rerank_pair_texts
 
 # Cohere's own bound on the documents of one request (the query comes on top).
 MAX_DOCUMENTS = 1000
@@ -97,8 +103,28 @@ def cosine_scores(vectors: list[np.ndarray]) -> np.ndarray:
     return matrix[1:] @ matrix[0]
 
 
+def kind_of(state: AppState, name: str) -> str:
+    """The fleet kind the request goes to: "rerank", or "embedding" (cosine).
+
+    A named model goes to its own kind (a chat model to "rerank", refused
+    there with the routes it serves); no name: the default reranker, else
+    the default embedding model.
+    """
+    settings = state.settings
+    if not name:
+        return "rerank" if default_id(settings, "rerank") else "embedding"
+    model_id = resolve(settings, name, "rerank")
+    entry = registry(settings).get(model_id or "")
+    return "embedding" if entry is not None and entry.kind == "embedding" else "rerank"
+
+
 def response_body(
-    texts: list[str], scores: np.ndarray, req: RerankRequest, model: str, tokens: int
+    texts: list[str],
+    scores: np.ndarray,
+    req: RerankRequest,
+    model: str,
+    tokens: int,
+    scoring: str = COSINE,
 ) -> dict[str, Any]:
     """The rerank answer: results best first, each with its document when asked."""
     results: list[dict[str, Any]] = []
@@ -111,20 +137,33 @@ def response_body(
     return {
         "object": "list",
         "model": model,
-        "scoring": COSINE,
+        "scoring": scoring,
         "results": results,
         "usage": usage,
     }
 
 
-# Which input the engine's messages name: the query goes first.
-_WHICH = " (input 0 is the query; input N is document N-1)"
+_INPUT = re.compile(r"^Input (\d+)")
 
 
-def _refusal(failed: Failed) -> OpenAIError:
+def _named(message: str, kind: str) -> str:
+    """The engine's "Input N" as the query or the document it is (an embedding model's
+    input 0 is the query; a reranker's input N is document N with the query)."""
+
+    def name(match: re.Match[str]) -> str:
+        n = int(match.group(1))
+        if kind == "rerank":
+            return f"Document {n} (with the query)"
+        return "The query" if n == 0 else f"Document {n - 1}"
+
+    return _INPUT.sub(name, message, count=1)
+
+
+def _refusal(failed: Failed, kind: str) -> OpenAIError:
     """The engine's refusal, its "Input N" told apart as the query or a document."""
-    if failed.message.startswith("Input "):
-        failed = replace(failed, message=failed.message + _WHICH, param="documents")
+    if _INPUT.match(failed.message):
+        param = "query" if kind == "embedding" and failed.message.startswith("Input 0 ") else None
+        failed = replace(failed, message=_named(failed.message, kind), param=param or "documents")
     return OpenAIError.from_failed(failed)
 
 
@@ -148,21 +187,25 @@ async def serve_rerank(request: Request, state: AppState) -> Response[Any]:
     note.model = req.model
     texts = document_texts(req)
     note.inputs = len(texts)
-    inputs = [req.query, *texts]
+    kind = kind_of(state, req.model)
+    # A reranker reads one text per (query, document) pair; an embedding model the query first.
+    inputs = rerank_pair_texts(req.query, texts) if kind == "rerank" else [req.query, *texts]
     try:
-        async with held(state, req.model, "embedding", request=request) as lease:
+        async with held(state, req.model, kind, request=request) as lease:
             engine = lease.engine
             note.model = lease.id
             if engine.info is not None:
                 check_embedding_inputs(inputs, engine.info, None)
             result = await asyncio.wrap_future(engine.submit(inputs))
+            scoring = (engine.info.scoring if engine.info is not None else "") or COSINE
     except EmbeddingError as exc:
         note.error = exc.code
-        raise _refusal(exc.failed) from None
+        raise _refusal(exc.failed, kind) from None
     if isinstance(result, Failed):
         note.error = result.code
-        raise _refusal(result)
+        raise _refusal(result, kind)
     note.prompt_tokens = result.prompt_tokens
-    scores = cosine_scores(list(result.vectors))
-    body_out = response_body(texts, scores, req, lease.id, result.prompt_tokens)
+    vectors = list(result.vectors)
+    scores = cosine_scores(vectors) if kind == "embedding" else np.array([v[0] for v in vectors])
+    body_out = response_body(texts, scores, req, lease.id, result.prompt_tokens, scoring)
     return Response(body_out, headers=headers)
