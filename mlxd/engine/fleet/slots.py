@@ -35,7 +35,7 @@ TICK_S = 1.0
 # Where each kind is served, and what to do when the config has no model of a kind.
 _ROUTES = {
     "chat": "/v1/chat/completions, /v1/completions, /v1/responses or /v1/messages",
-    "embedding": "/v1/embeddings (and /v1/rerank, by cosine similarity)",
+    "embedding": "/v1/embeddings",
     "rerank": "/v1/rerank",
 }
 _NONE_OF_KIND = {
