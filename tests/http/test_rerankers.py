@@ -4,6 +4,7 @@ checked against the same number computed here another way."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -150,3 +151,17 @@ def test_a_pair_longer_than_the_context_is_a_400_naming_the_document(daemon):
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "documents"
     assert error["message"].startswith("Document 1 (with the query) is "), error
+
+
+def test_a_reranker_unloads_after_its_keep_alive(daemon):
+    assert rerank(daemon, "lm").status_code == 200
+    deadline = time.monotonic() + 15
+    state = None
+    while time.monotonic() < deadline:
+        with daemon.client() as http:
+            models = {m["id"]: m for m in http.get("/stats").json()["fleet"]["models"]}
+        state = models["lm"]["state"]
+        if state == "unloaded":
+            break
+        time.sleep(0.2)
+    assert state == "unloaded" and models["lm"]["weights_bytes"] == 0, models["lm"]
