@@ -156,7 +156,7 @@ def test_a_pair_longer_than_the_context_is_a_400_naming_the_document(daemon):
 def test_a_reranker_unloads_after_its_keep_alive(daemon):
     assert rerank(daemon, "lm").status_code == 200
     deadline = time.monotonic() + 15
-    state = None
+    state, models = None, {}
     while time.monotonic() < deadline:
         with daemon.client() as http:
             models = {m["id"]: m for m in http.get("/stats").json()["fleet"]["models"]}
