@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxd.api.openai.rerank import MAX_DOCUMENTS
 from mlxd.engine.rerank.loading import load_tensors
 from tests.support.daemon import Daemon, toml_config
 from tests.support.tinyrerank import build_cross_encoder, build_yes_no_lm
@@ -165,3 +166,34 @@ def test_a_reranker_unloads_after_its_keep_alive(daemon):
             break
         time.sleep(0.2)
     assert state == "unloaded" and models["lm"]["weights_bytes"] == 0, models["lm"]
+
+
+def test_the_root_path_top_n_and_no_documents_by_default(daemon) -> None:
+    with daemon.client() as http:
+        response = http.post(
+            "/rerank", json={"model": "emb", "query": QUERY, "documents": DOCS, "top_n": 2}
+        )
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert len(results) == 2 and all(set(r) == {"index", "relevance_score"} for r in results)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "needle"),
+    [
+        ({"documents": []}, "documents", "empty list"),
+        ({"documents": ["ok", "  "]}, "documents", "Document 1 is empty"),
+        ({"documents": ["x"] * (MAX_DOCUMENTS + 1)}, "documents", f"at most {MAX_DOCUMENTS}"),
+        ({"documents": ["ok"], "query": ""}, "query", "'query' must not be empty"),
+        ({"documents": ["ok"], "top_n": 0}, "top_n", "at least 1"),
+        ({"documents": ["ok", "word " * 5000]}, "documents", "Document 1 is 5000 words"),
+        ({"documents": ["ok"], "query": "word " * 5000}, "query", "The query is 5000 words"),
+        ({"model": "chat", "documents": ["ok"]}, "model", "is a chat model"),
+    ],
+)
+def test_limits_are_clear_400s(daemon, fields, param, needle) -> None:
+    with daemon.client() as http:
+        response = http.post("/v1/rerank", json={"model": "emb", "query": QUERY, **fields})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and needle in error["message"], error
