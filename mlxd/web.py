@@ -35,6 +35,7 @@ __all__ = ["CSRF_EXCLUDE", "ERROR_ENVELOPES", "make_app", "make_csrf_config", "r
 # endpoints need no cookie of their own.
 CSRF_EXCLUDE = [
     "^/v1(/|$)",
+    "^/rerank$",
     "^/admin(/|$)",
     "^/dashboard/login(/|$)",
     "^/(health|ready|stats|metrics|static)(/|$)",

@@ -16,6 +16,7 @@ from mlxd.api.http.caller import api_key_guard
 from mlxd.api.http.errors import OPENAI, Envelopes
 from mlxd.api.http.requestlog import request_log
 from mlxd.api.openai.embeddings import EmbeddingsController
+from mlxd.api.openai.rerank import RerankController
 from mlxd.api.openai.routes import OpenAIController
 from mlxd.api.ops.admin import AdminController
 from mlxd.api.ops.downloads import DownloadsController
@@ -39,6 +40,7 @@ def api_router() -> Router:
         route_handlers=[
             OpenAIController,  # /v1/models, /v1/chat/completions, /v1/completions
             EmbeddingsController,  # /v1/embeddings
+            RerankController,  # /v1/rerank
             ResponsesController,  # /v1/responses
             messages_router(),  # /v1/messages: Anthropic's, in its own envelope
             FilesController,  # /v1/files (the Batch API's files)
@@ -49,10 +51,21 @@ def api_router() -> Router:
     )
 
 
+def rerank_root_router() -> Router:
+    """``/rerank`` (Jina's and Cohere's path, without ``/v1``), behind the same key guard."""
+    return Router(
+        path="/",
+        route_handlers=[RerankController],
+        guards=[api_key_guard],
+        middleware=[request_log],
+    )
+
+
 def api_route_handlers() -> list[ControllerRouterHandler]:
     """The routes the API side serves: ``/v1`` and the operations endpoints."""
     return [
         api_router(),
+        rerank_root_router(),  # /rerank
         HealthController,  # /health, /ready
         StatsController,  # /stats
         MetricsController,  # /metrics

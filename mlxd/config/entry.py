@@ -53,11 +53,11 @@ SpeculativeOverride = _override(SpeculativeSettings)
 class ModelEntry(ModelSettings):
     """One ``[models.<id>]`` table: which model, and how it is served."""
 
-    kind: Literal["chat", "embedding"] = _field(
+    kind: Literal["chat", "embedding", "rerank"] = _field(
         "chat",
         "swap",
-        'What the model serves: "chat" (chat, completions, responses, messages) '
-        'or "embedding" (/v1/embeddings).',
+        'What the model serves: "chat" (chat, completions, responses, messages), '
+        '"embedding" (/v1/embeddings) or "rerank" (/v1/rerank).',
     )
     default: bool = _field(
         False, "live", "Serve requests that name no model (one default per kind)."

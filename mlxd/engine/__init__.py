@@ -71,6 +71,7 @@ from mlxd.engine.messages import (
 from mlxd.engine.policy.lanes import LaneDecision
 from mlxd.engine.policy.priority import CLASSES as PRIORITY_CLASSES
 from mlxd.engine.policy.priority import capped as capped_priority
+from mlxd.engine.rerank.pairs import pair_texts as rerank_pair_texts
 from mlxd.engine.snapshot import RecentLookup, Snapshot
 
 if TYPE_CHECKING:
@@ -142,6 +143,7 @@ __all__ = [
     "image_from_data_url",
     "json_constraint",
     "template_tool",
+    "rerank_pair_texts",
     "tool_constraint",
     "validate_constraint",
 ]

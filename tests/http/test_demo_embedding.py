@@ -7,6 +7,7 @@ test`` with ``--no-deps``) holds the model zipped; an embedding entry with no
 
 from __future__ import annotations
 
+import time
 import zipfile
 from pathlib import Path
 
@@ -42,6 +43,39 @@ def test_the_demo_embedding_model_serves_384_dimensions_that_mean_something(daem
     assert cat_kitten > 0.5 > cat_stocks, (cat_kitten, cat_stocks)  # a real model, not noise
     (minilm,) = [m for m in daemon.stats()["fleet"]["models"] if m["id"] == "minilm"]
     assert minilm["capabilities"]["dimensions"] == 384 and minilm["path"] is None
+
+
+def test_the_demo_model_reranks_by_cosine_paris_first(daemon: Daemon) -> None:
+    """/v1/rerank on an embedding model (issue 37): cosine similarity, said in the answer."""
+    documents = [
+        "The recipe needs two cups of flour and an egg.",
+        "Paris is the capital of France",
+        "Stock markets fell sharply on Monday.",
+        {"text": "My cat sleeps on the windowsill all afternoon."},
+    ]
+    body = {"model": "minilm", "query": "capital of France", "documents": documents}
+    with daemon.client() as http:
+        response = http.post("/v1/rerank", json={**body, "return_documents": True})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["model"] == "minilm" and answer["scoring"] == "embedding_cosine"
+    results = answer["results"]
+    assert results[0]["index"] == 1
+    assert results[0]["document"] == {"text": "Paris is the capital of France"}
+    scores = [r["relevance_score"] for r in results]
+    assert scores == sorted(scores, reverse=True) and sorted(r["index"] for r in results) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    assert scores[0] > 0.5 > scores[1], scores  # a real model, not noise
+    assert answer["usage"]["prompt_tokens"] == answer["usage"]["total_tokens"] > 5
+    line = "POST /v1/rerank 200 model=minilm inputs=4 prompt="
+    deadline = time.monotonic() + 10
+    while line not in daemon.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert line in daemon.log()
 
 
 def test_unpacked_once_and_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

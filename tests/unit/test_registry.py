@@ -121,6 +121,7 @@ def test_an_old_single_model_table_is_a_registry_of_one_pinned_default(tmp_path)
         ('[models.e]\npath = "/m"\nkind = "embedding"\n',
          'the registry needs at least one kind = "chat" model'),
         (TWO + '[cluster]\nbackend = "ring"\n', "a cluster serves exactly one chat model"),
+        (TWO + '[models.r]\nkind = "rerank"\n', '[models.r] path: a kind = "rerank" model needs'),
     ],
 )  # fmt: skip
 def test_registry_mistakes_name_the_key_and_line(tmp_path, text, expected):

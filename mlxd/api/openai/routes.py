@@ -197,10 +197,12 @@ def model_json(model: ModelState) -> dict[str, Any]:
             # A vision-language model: chat prompts may carry images.
             "vision": caps.get("vision", False),
         }
-    elif model.kind == "embedding" and caps:
+    elif model.kind in ("embedding", "rerank") and caps:
         out["dimensions"] = caps.get("dimensions")
         out["context_length"] = caps.get("context_length")
         out["vocab_size"] = caps.get("vocab_size")
         # Whether a request's `dimensions` may shorten the vectors (Matryoshka models).
         out["supports_dimensions"] = caps.get("supports_dimensions", False)
+        if model.kind == "rerank":  # how it scores: "cross_encoder" or "yes_no_lm"
+            out["scoring"] = caps.get("scoring")
     return out

@@ -89,7 +89,7 @@ EMBEDDING_COUNTERS = (
 
 def _embedding_metrics(models: list[ModelState]) -> Iterator[Metric]:
     """Each loaded embedding model's counts; the families are there (empty) without one."""
-    loaded = [m for m in models if m.kind == "embedding" and m.engine]
+    loaded = [m for m in models if m.kind in ("embedding", "rerank") and m.engine]
     requests = CounterMetricFamily(
         "mlxd_embedding_requests",
         "Embedding requests answered with vectors (served) or refused and failed (failed).",

@@ -1,27 +1,24 @@
 """EmbeddingEngine: one embedding model, owned by one thread, batching its requests.
 
-MLX streams are thread-local, so the engine's thread loads the model and
-makes every MLX call. Like the chat engine, the thread lives as long as the
-model's registry entry and loads and unloads by command (:meth:`~EmbeddingEngine.load`,
-:meth:`~EmbeddingEngine.unload`, :meth:`~EmbeddingEngine.apply`: the
-:class:`~mlxd.engine.model_engine.ModelEngine` protocol the fleet drives).
-Other threads only :meth:`~EmbeddingEngine.submit` (a
-``concurrent.futures.Future`` comes back and resolves to an
-:class:`~mlxd.engine.embeddings.messages.EmbeddingResult` or a
+MLX streams are thread-local, so the engine's thread loads the model and makes every
+MLX call. Like the chat engine, the thread lives as long as the model's registry entry
+and loads and unloads by command (:meth:`~EmbeddingEngine.load`, ``unload``, ``apply``:
+the :class:`~mlxd.engine.model_engine.ModelEngine` protocol the fleet drives).
+Other threads only :meth:`~EmbeddingEngine.submit` (a ``concurrent.futures.Future``
+comes back and resolves to an :class:`~mlxd.engine.embeddings.messages.EmbeddingResult` or a
 :class:`~mlxd.engine.messages.Failed` value, never to an exception) and read
 :meth:`~EmbeddingEngine.snapshot`.
 
-A request is checked and tokenized on one of two intake threads (no MLX
-there; the Rust tokenizer releases the GIL), so a big text delays only
-itself while the model's thread keeps embedding what is ready. The model's
-thread works in rounds: it takes prepared requests in arrival order until
-the round holds at least ``[batch] size`` inputs (always at least one
-request), sorts all their inputs by length and runs forward passes of at
-most ``size`` inputs and :data:`~mlxd.engine.embeddings.jobs.PASS_TOKENS`
-padded tokens each, so several requests share one pass. A request's future
-resolves as soon as its last input is embedded. A load or an unload waits
-for the requests before it; requests that come meanwhile wait for it
-(:mod:`mlxd.engine.embeddings.queue`).
+A request is checked and tokenized on one of two intake threads (no MLX there; the
+Rust tokenizer releases the GIL), so a big text delays only itself while the model's
+thread keeps embedding what is ready. The model's thread works in rounds: it takes
+prepared requests in arrival order until the round holds at least ``[batch] size``
+inputs (always at least one request), sorts all their inputs by length and runs
+forward passes of at most ``size`` inputs and
+:data:`~mlxd.engine.embeddings.jobs.PASS_TOKENS` padded tokens each, so several
+requests share one pass. A request's future resolves as soon as its last input is
+embedded. A load or an unload waits for the requests before it; requests that come
+meanwhile wait for it (:mod:`mlxd.engine.embeddings.queue`).
 """
 
 from __future__ import annotations
@@ -294,11 +291,11 @@ class EmbeddingEngine:
 
     def _load(self, settings: Settings, future: Future[EmbeddingInfo] | None = None) -> None:
         from mlxd.engine.chat.loading import ModelLoadError
-        from mlxd.engine.embeddings.loading import load_embedding, release_cache
+        from mlxd.engine.embeddings.loading import release_cache
 
         loaded, message = None, ""
         try:
-            loaded = load_embedding(settings.model, self.model_id)
+            loaded = self._load_model(settings)
         except Exception as exc:
             message = (
                 str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
@@ -330,6 +327,11 @@ class EmbeddingEngine:
         self._release(waited)
         if future is not None:
             _resolve(future, loaded.info)
+
+    def _load_model(self, settings: Settings) -> LoadedEmbedding:  # RerankEngine: its own
+        from mlxd.engine.embeddings.loading import load_embedding
+
+        return load_embedding(settings.model, self.model_id)
 
     def _unload(self, future: Future[None]) -> None:
         from mlxd.engine.embeddings.loading import release_cache

@@ -45,6 +45,8 @@ class LoadedEmbedding:
     encode: Callable[[list[str]], list[list[int]]]
     info: EmbeddingInfo
     pad_id: int
+    # Rows of token ids to one row of floats each, in place of run_pass (a reranker's).
+    forward: Callable[[Sequence[Sequence[int]]], np.ndarray] | None = None
 
 
 def _read_config(path: Path) -> dict[str, Any]:

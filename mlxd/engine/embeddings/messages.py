@@ -67,6 +67,9 @@ class EmbeddingInfo:
     max_token_chars: int = 0
     min_token_per_word: bool = False
     created: int = 0
+    # A reranker's (kind = "rerank", mlxd.engine.rerank): how its one-float rows score
+    # a pair, "cross_encoder" or "yes_no_lm"; "" for an embedding model.
+    scoring: str = ""
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,10 @@ def run_round(
             break
         rows = [job.ids[i] for job, i in chunk]
         try:
-            vectors = run_pass(loaded.model, rows, loaded.pad_id)
+            if loaded.forward is not None:  # a reranker's scores (mlxd.engine.rerank)
+                vectors = loaded.forward(rows)
+            else:
+                vectors = run_pass(loaded.model, rows, loaded.pad_id)
             if vectors.shape != (len(rows), loaded.info.dimensions):
                 raise ValueError(
                     f"vectors of shape {vectors.shape}, expected "

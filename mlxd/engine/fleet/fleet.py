@@ -78,6 +78,10 @@ class Fleet:
             "embedding": EngineMaker(
                 lambda s, model_id, pool, at_start: embedding(s, model_id), loads_at_start=False
             ),
+            "rerank": EngineMaker(
+                lambda s, model_id, pool, at_start: _rerank_engine(s, model_id),
+                loads_at_start=False,
+            ),
         }
         self._slots = slots = Slots(settings, self.pool, makers)
         self._unloads = Unloads(slots)
@@ -231,6 +235,12 @@ class Fleet:
     def snapshots(self) -> dict[str, Snapshot]:
         """Each chat model's engine Snapshot, loaded or not."""
         return chat_snapshots(self._slots)
+
+
+def _rerank_engine(settings: Settings, model_id: str) -> AnyEngine:
+    from mlxd.engine.rerank.engine import RerankEngine
+
+    return RerankEngine(settings, model_id)
 
 
 def _embedding_engine(settings: Settings, model_id: str) -> AnyEngine:

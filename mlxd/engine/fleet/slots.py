@@ -36,6 +36,7 @@ TICK_S = 1.0
 _ROUTES = {
     "chat": "/v1/chat/completions, /v1/completions, /v1/responses or /v1/messages",
     "embedding": "/v1/embeddings",
+    "rerank": "/v1/rerank",
 }
 _NONE_OF_KIND = {
     "chat": "This server has no chat model. Add a [models.<id>] table with a path "
@@ -43,6 +44,8 @@ _NONE_OF_KIND = {
     "embedding": "This server has no embedding model. Add one: a [models.<id>] table with "
     'kind = "embedding" and a path, or the built-in demo: [models.minilm] kind = '
     '"embedding" with no path (docs/configuration.md#embedding-models).',
+    "rerank": "This server has no reranker or embedding model. Add one: a [models.<id>] table "
+    'with kind = "rerank" (or "embedding") and a path (docs/configuration.md#rerankers).',
 }
 
 
@@ -117,7 +120,7 @@ class Slots:
                 )
             )
         if slot.entry.kind != kind:
-            message = self._kind_message(slot)
+            message = self._kind_message(slot, kind)
             raise FleetRefusal(Failed("model_kind_mismatch", message, 400, param="model"))
         return slot
 
@@ -135,9 +138,8 @@ class Slots:
             )
         return slot
 
-    def _kind_message(self, slot: Slot) -> str:
-        """A model of the other kind: where it is served, and what this route serves."""
-        wanted = "chat" if slot.entry.kind == "embedding" else "embedding"
+    def _kind_message(self, slot: Slot, wanted: str) -> str:
+        """A model of another kind: where it is served, and what this route (``wanted``) serves."""
         ids = [i for i, s in self.by_id.items() if not s.removed and s.entry.kind == wanted]
         here = (
             f"This route serves the {wanted} models: {', '.join(ids)}."

@@ -134,4 +134,6 @@ def _capabilities(info: dict[str, Any]) -> dict[str, Any]:
     out = {k: info[k] for k in _CAPABILITIES if k in info}
     if "tool_format" in out:
         out["tools"] = out["tool_format"] is not None
+    if info.get("scoring"):  # a reranker's: "cross_encoder" or "yes_no_lm"
+        out["scoring"] = info["scoring"]
     return out
