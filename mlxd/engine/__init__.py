@@ -142,8 +142,8 @@ __all__ = [
     "image_from_bytes",
     "image_from_data_url",
     "json_constraint",
-    "template_tool",
     "rerank_pair_texts",
+    "template_tool",
     "tool_constraint",
     "validate_constraint",
 ]
