@@ -288,6 +288,12 @@ class LimitSettings(Section):
         "Most pixels (width x height, read from the header before decoding) one image may have.",
         ge=1,
     )
+    image_aspect_ratio: float = _field(
+        200.0,
+        "live",
+        "Most times an image's longer edge may be its shorter (read from the header); then 400.",
+        ge=1,
+    )
     max_images: int = _field(16, "live", "Most images one request may carry.", ge=0)
     image_fetch_timeout: float = _field(
         10.0,

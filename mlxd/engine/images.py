@@ -41,6 +41,8 @@ class ImageLimits:
     max_bytes: int
     max_pixels: int
     max_images: int
+    # The longest edge may be at most this many times the shortest ([limits] image_aspect_ratio).
+    max_aspect: float = 200.0
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,14 @@ def from_bytes(data: bytes, media_type: str | None, where: str, limits: ImageLim
         raise ImageError(
             f"the image is {width}x{height} pixels ({width * height:,}); the most one image "
             f"may have is {limits.max_pixels:,} ([limits] image_pixels)",
+            where,
+        )
+    if max(width, height) > limits.max_aspect * min(width, height):
+        raise ImageError(
+            f"the image is {width}x{height} pixels; its longer edge may be at most "
+            f"{limits.max_aspect:g} times its shorter ([limits] image_aspect_ratio): a "
+            "model's processor resizes by the shorter edge, so a long thin image costs "
+            "far more than its pixels",
             where,
         )
     return ImagePart(data, fmt, width, height, where)
