@@ -97,11 +97,23 @@ def _given(headers: Mapping[str, str]) -> list[bytes]:
 
 def identify(headers: Mapping[str, str], settings: Settings) -> tuple[Who, str] | None:
     """The identity the request's key names and that key's :func:`key_digest` (what owns
-    what the request creates), or None (compared in constant time)."""
+    what the request creates), or None (compared in constant time).
+
+    Every key the request presents must be valid and name the same key: an
+    invalid ``Authorization: Bearer`` beside a valid ``x-api-key`` is None.
+    """
     given = _given(headers)
-    found = None
-    for secret, who in identities(settings):
-        for candidate in given:
-            if hmac.compare_digest(candidate, secret.encode()) and found is None:
-                found = who, key_digest(secret)
-    return found
+    if not given:
+        return None
+    matches: list[tuple[Who, str] | None] = []
+    known = identities(settings)
+    for candidate in given:
+        match = None
+        for secret, who in known:
+            if hmac.compare_digest(candidate, secret.encode()) and match is None:
+                match = who, key_digest(secret)
+        matches.append(match)
+    first = matches[0]
+    if first is None or any(m is None or m[1] != first[1] for m in matches):
+        return None
+    return first
