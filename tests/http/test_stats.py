@@ -175,6 +175,17 @@ def test_stats_and_dashboard_never_show_prompts_or_secrets_to_non_admins(daemon:
             assert secrets[name] not in admin, f"the {name} appears in /stats for an admin"
 
 
+def test_stats_shows_no_server_paths_to_non_admins(daemon: Daemon) -> None:
+    model_dir = str(tiny_model_dir("llama"))
+    anonymous = httpx.get(f"{daemon.url}/stats", timeout=10).text
+    assert model_dir not in anonymous and str(daemon.config_path) not in anonymous
+    assert '"<path>"' in anonymous
+    admin = httpx.get(
+        f"{daemon.url}/stats", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+    ).text
+    assert model_dir in admin
+
+
 def test_stats_serves_a_fresh_snapshot_without_caching(daemon: Daemon) -> None:
     first = httpx.get(f"{daemon.url}/stats")
     time.sleep(0.6)  # the idle engine republishes at least every 0.5 s

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxd.config.units import format_bytes
+
 logger = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
@@ -311,7 +313,8 @@ def _check_room(directory: Path, nbytes: int) -> None:
     if free - nbytes < reserve:
         raise OSError(
             errno.ENOSPC,
-            f"only {free // 2**20} MiB free, and the tier leaves at least {reserve // 2**20} MiB",
+            f"writing {format_bytes(nbytes)} would leave {format_bytes(max(free - nbytes, 0))} "
+            f"free of {format_bytes(free)}, and the tier leaves at least {format_bytes(reserve)}",
         )
 
 
