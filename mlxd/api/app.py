@@ -19,6 +19,7 @@ from mlxd.api.openai.embeddings import EmbeddingsController
 from mlxd.api.openai.routes import OpenAIController
 from mlxd.api.ops.admin import AdminController
 from mlxd.api.ops.health import HealthController, root_probe
+from mlxd.api.ops.memory import MemoryController
 from mlxd.api.ops.metrics import MetricsController
 from mlxd.api.ops.stats import StatsController
 from mlxd.api.responses.routes import ResponsesController
@@ -56,5 +57,6 @@ def api_route_handlers() -> list[ControllerRouterHandler]:
         StatsController,  # /stats
         MetricsController,  # /metrics
         AdminController,  # /admin/reload
+        MemoryController,  # /admin/memory (finding a leak)
         root_probe,  # HEAD /: 200 (Claude Code probes it)
     ]
