@@ -244,6 +244,13 @@ class PromptCacheSettings(Section):
     disk_max_bytes: Bytes = _field(
         "16GiB", "live", "Byte cap of the disk tier's directory (least recently used go first)."
     )
+    disk_max_entries: int = _field(
+        2048,
+        "live",
+        "Most entries the disk tier keeps per model (its index is in memory); "
+        "least recently used go first.",
+        ge=1,
+    )
     volatile_rules: list[VolatileRule] = _field(
         ["claude_billing_header"],
         "live",

@@ -113,6 +113,7 @@ class PromptCache:
         self._settings = settings
         if self.disk is not None:
             self.disk.set_cap(settings.disk_max_bytes)
+            self.disk.set_max_entries(settings.disk_max_entries)
         self.trim(live_bytes)
 
     # ------------------------------------------------------------ lookup
