@@ -85,6 +85,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle", type=float, default=60.0)
     p.add_argument("--tracemalloc", type=int, default=0, help="frames per site (0: off)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a config key for the daemon (TOML value), e.g. prompt_cache.disk_max_entries=512",
+    )
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -108,11 +115,22 @@ def config(path: str, args: argparse.Namespace) -> str:
         + ("requests_per_minute = 40\n" if name == "carol" else "")
         for name, (secret, prio) in KEYS.items()
     )
-    return (
-        f'[model]\npath = "{path}"\nname = "m"\n\n[batch]\nsize = {args.batch_size}\n\n'
-        "[sampling]\nmax_tokens = 64\n\n[scheduling]\npreempt = true\n\n"
-        f"[batches]\nmax_rows = {args.batch_size}\n\n{keys}"
-    )
+    extra: dict[str, list[str]] = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        section, _, key = name.partition(".")
+        extra.setdefault(section, []).append(f"{key} = {value}")
+    sections = {
+        "model": [f'path = "{path}"', 'name = "m"'],
+        "batch": [f"size = {args.batch_size}"],
+        "sampling": ["max_tokens = 64"],
+        "scheduling": ["preempt = true"],
+        "batches": [f"max_rows = {args.batch_size}"],
+    }
+    for section, lines in extra.items():
+        sections.setdefault(section, []).extend(lines)
+    body = "".join(f"[{name}]\n" + "\n".join(lines) + "\n\n" for name, lines in sections.items())
+    return body + keys
 
 
 def prompt(rng: random.Random) -> str:
