@@ -99,21 +99,15 @@ def identify(headers: Mapping[str, str], settings: Settings) -> tuple[Who, str] 
     """The identity the request's key names and that key's :func:`key_digest` (what owns
     what the request creates), or None (compared in constant time).
 
-    Every key the request presents must be valid and name the same key: an
-    invalid ``Authorization: Bearer`` beside a valid ``x-api-key`` is None.
+    ``Authorization: Bearer`` is the key when the request sends one; ``x-api-key``
+    only when it does not. So an invalid Bearer beside a valid ``x-api-key`` is
+    None, never the second key.
     """
     given = _given(headers)
     if not given:
         return None
-    matches: list[tuple[Who, str] | None] = []
-    known = identities(settings)
-    for candidate in given:
-        match = None
-        for secret, who in known:
-            if hmac.compare_digest(candidate, secret.encode()) and match is None:
-                match = who, key_digest(secret)
-        matches.append(match)
-    first = matches[0]
-    if first is None or any(m is None or m[1] != first[1] for m in matches):
-        return None
-    return first
+    candidate, found = given[0], None
+    for secret, who in identities(settings):
+        if hmac.compare_digest(candidate, secret.encode()) and found is None:
+            found = who, key_digest(secret)
+    return found
