@@ -166,7 +166,7 @@ class PromptCache:
         assert self.disk is not None
         cache = self.disk.load(entry)
         if cache is not None:
-            self._keep(entry.tokens, cache, cast(Kind, entry.kind), on_disk=True)
+            self._keep(entry.tokens.tolist(), cache, cast(Kind, entry.kind), on_disk=True)
         return cache
 
     def _touch(self, entry: Entry) -> None:

@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,8 @@ class DiskEntry:
     """One file of the index: the tokens it holds and how it may be reused."""
 
     path: Path
-    tokens: list[int]
+    # 4 bytes a token (a list of ints takes about 36): the index is in memory.
+    tokens: array
     nbytes: int
     kind: str
     trimmable: bool
@@ -199,7 +201,11 @@ class DiskTier:
         if not tokens or entry_name(tokens) != path.name:
             raise CorruptEntry("its token ids do not match its name")
         return DiskEntry(
-            path, tokens, size, metadata.get("kind", "assistant"), metadata["trimmable"] == "1"
+            path,
+            array("i", tokens),
+            size,
+            metadata.get("kind", "assistant"),
+            metadata["trimmable"] == "1",
         )
 
     def _add(self, entry: DiskEntry) -> None:
@@ -261,7 +267,7 @@ class DiskTier:
             mx.eval([c.state for c in cache])
             if not self.identity.matches(metadata):
                 raise CorruptEntry("written for another model")
-            if decode_tokens(metadata["tokens"]) != entry.tokens:
+            if decode_tokens(metadata["tokens"]) != entry.tokens.tolist():
                 raise CorruptEntry("its token ids changed")
             classes = tuple(type(c).__name__ for c in cache)
             if classes != self.identity.classes:
@@ -343,7 +349,13 @@ class DiskTier:
             self.writes += 1
             path = job.directory / job.name
             self._add(
-                DiskEntry(path, tokens, job.written_bytes, kind, job.metadata["trimmable"] == "1")
+                DiskEntry(
+                    path,
+                    array("i", tokens),
+                    job.written_bytes,
+                    kind,
+                    job.metadata["trimmable"] == "1",
+                )
             )
         for path in results.evicted:
             entry = self._by_name.get(path.name)
