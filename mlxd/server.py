@@ -27,6 +27,7 @@ from mlxd.address import remove_record, url_for, write_record
 from mlxd.api.http.access import exposure_warning
 from mlxd.api.http.guard import RequestGuard
 from mlxd.api.http.protocol import make_protocol
+from mlxd.api.ops.memory import start_from_env
 from mlxd.api.state import AppState
 from mlxd.assembly import build_state, faults_enabled, runtime_info
 from mlxd.config import Settings
@@ -304,6 +305,7 @@ def make_server(
 
     What the daemon serves, and what the tests serve in process (tests/support/inprocess.py).
     """
+    start_from_env()  # MLXD_TRACEMALLOC: allocation sites for /admin/memory
     state = build_state(
         settings,
         runtime,

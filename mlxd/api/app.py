@@ -21,6 +21,7 @@ from mlxd.api.openai.routes import OpenAIController
 from mlxd.api.ops.admin import AdminController
 from mlxd.api.ops.downloads import DownloadsController
 from mlxd.api.ops.health import HealthController, root_probe
+from mlxd.api.ops.memory import MemoryController
 from mlxd.api.ops.metrics import MetricsController
 from mlxd.api.ops.stats import StatsController
 from mlxd.api.responses.routes import ResponsesController
@@ -71,5 +72,6 @@ def api_route_handlers() -> list[ControllerRouterHandler]:
         MetricsController,  # /metrics
         AdminController,  # /admin/reload
         DownloadsController,  # /admin/models/{id}/pull, /admin/downloads
+        MemoryController,  # /admin/memory (finding a leak)
         root_probe,  # HEAD /: 200 (Claude Code probes it)
     ]

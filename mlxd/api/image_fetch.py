@@ -138,7 +138,12 @@ async def fetch_images(gen: GenerationRequest, settings: Settings) -> Generation
     if not isinstance(prompt, ChatPrompt) or not any(p.url for p in prompt.images):
         return gen
     limits = settings.limits
-    image_limits = ImageLimits(int(limits.image_bytes), limits.image_pixels, limits.max_images)
+    image_limits = ImageLimits(
+        int(limits.image_bytes),
+        limits.image_pixels,
+        limits.max_images,
+        limits.image_aspect_ratio,
+    )
     timeout = limits.image_fetch_timeout
 
     async def one(part: ImagePart) -> ImagePart:

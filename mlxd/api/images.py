@@ -34,6 +34,7 @@ class Images:
             max_bytes=int(limits.image_bytes),
             max_pixels=limits.image_pixels,
             max_images=limits.max_images,
+            max_aspect=limits.image_aspect_ratio,
         )
         self.remote = settings.server.fetch_images
         self.parts: list[ImagePart] = []

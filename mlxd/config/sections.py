@@ -164,6 +164,12 @@ class PromptCacheSettings(Section):
         "Seconds a prompt's end (or a finished row that can be cut back) stays in RAM, not "
         "replaced by a longer one, before it is written through to disk (a crash keeps it).",
         ge=0,
+    disk_max_entries: int = _field(
+        2048,
+        "live",
+        "Most entries the disk tier keeps per model (its index is in memory); "
+        "least recently used go first.",
+        ge=1,
     )
     volatile_rules: list[VolatileRule] = _field(
         ["claude_billing_header"],
@@ -207,6 +213,12 @@ class LimitSettings(Section):
         16_777_216,
         "live",
         "Most pixels (width x height, read from the header before decoding) one image may have.",
+        ge=1,
+    )
+    image_aspect_ratio: float = _field(
+        200.0,
+        "live",
+        "Most times an image's longer edge may be its shorter (read from the header); then 400.",
         ge=1,
     )
     max_images: int = _field(16, "live", "Most images one request may carry.", ge=0)

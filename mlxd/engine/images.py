@@ -41,6 +41,8 @@ class ImageLimits:
     max_bytes: int
     max_pixels: int
     max_images: int
+    # The longest edge may be at most this many times the shortest ([limits] image_aspect_ratio).
+    max_aspect: float = 200.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class ImagePart:
     # (mlxd.api.image_fetch) before the request is queued; ``data`` is empty until then.
     url: str | None = None
 
+
+_WHITESPACE = re.compile(r"\s")
 
 _DATA_URL = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,", re.I)
 
@@ -117,8 +121,11 @@ def from_base64(payload: str, media_type: str | None, where: str, limits: ImageL
     # Decoded size is 3/4 of the text: refuse a too-large image before decoding it.
     if len(payload) * 3 // 4 > limits.max_bytes + 3:
         raise ImageError(_too_large(len(payload) * 3 // 4, limits), where)
+    if _WHITESPACE.search(payload):
+        # MIME-wrapped base64 (76-column lines, CRLF): the line breaks are not data.
+        payload = "".join(payload.split())
     try:
-        data = base64.b64decode(payload.strip(), validate=True)
+        data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ImageError(f"image data is not valid base64: {exc}", where) from exc
     return from_bytes(data, media_type, where, limits)
@@ -139,6 +146,14 @@ def from_bytes(data: bytes, media_type: str | None, where: str, limits: ImageLim
         raise ImageError(
             f"the image is {width}x{height} pixels ({width * height:,}); the most one image "
             f"may have is {limits.max_pixels:,} ([limits] image_pixels)",
+            where,
+        )
+    if max(width, height) > limits.max_aspect * min(width, height):
+        raise ImageError(
+            f"the image is {width}x{height} pixels; its longer edge may be at most "
+            f"{limits.max_aspect:g} times its shorter ([limits] image_aspect_ratio): a "
+            "model's processor resizes by the shorter edge, so a long thin image costs "
+            "far more than its pixels",
             where,
         )
     return ImagePart(data, fmt, width, height, where)
@@ -177,7 +192,11 @@ def _header(data: bytes, where: str) -> tuple[str, int, int]:
             with Image.open(io.BytesIO(data)) as image:
                 fmt = image.format or ""
                 width, height = image.size
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
+    except UnidentifiedImageError as exc:
+        raise ImageError(
+            f"the data is {_what(data)}; send a PNG, JPEG, WebP or GIF image", where
+        ) from exc
+    except (Image.DecompressionBombError, OSError, ValueError) as exc:
         raise ImageError(f"the image cannot be read: {exc}", where) from exc
     if fmt not in FORMATS:
         raise ImageError(
@@ -187,6 +206,14 @@ def _header(data: bytes, where: str) -> tuple[str, int, int]:
     if width <= 0 or height <= 0:
         raise ImageError(f"the image has no pixels ({width}x{height})", where)
     return fmt, width, height
+
+
+def _what(data: bytes) -> str:
+    """What unreadable image data looks like, for the error (never the Python object)."""
+    head = data[:512].lstrip().lower()
+    if head.startswith(b"<svg") or (head.startswith(b"<?xml") and b"<svg" in head):
+        return "an SVG image (vector images are not taken)"
+    return "not an image mlxd can read"
 
 
 def decode(part: ImagePart):  # -> PIL.Image.Image

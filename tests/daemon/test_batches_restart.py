@@ -12,6 +12,7 @@ import datetime as dt
 import io
 import json
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,25 @@ def _resumed(daemon: Daemon, batch_id: str) -> list[int]:
     ]
 
 
+def _start_upload(daemon: Daemon, sent: int) -> socket.socket:
+    """A ``POST /v1/files`` that has sent ``sent`` bytes of a body twice as long."""
+    boundary = "kill9"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+        "Content-Type: application/jsonl\r\n\r\n"
+    ).encode()
+    request = (
+        f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+        f"Content-Length: {len(head) + 2 * sent}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=10)
+    sock.sendall(request + head + json.dumps(_line(0)).encode() * (sent // 200))
+    time.sleep(0.5)  # the daemon reads and spools it
+    return sock
+
+
 def test_a_batch_survives_sigterm_and_kill_9(tmp_path: Path, tiny_models):
     config = _config(tiny_models)
     daemon = Daemon(tmp_path, config).start()
@@ -83,11 +103,17 @@ def test_a_batch_survives_sigterm_and_kill_9(tmp_path: Path, tiny_models):
         before_kill = _wait_for(daemon, batch.id, resumed[-1] + 5)
         assert before_kill < LINES, "the batch finished before the kill: make it longer"
         assert daemon.proc is not None
+        # An upload under way when the process dies leaves no file behind (issue 34, N10).
+        uploading = _start_upload(daemon, 1 << 20)
         daemon.proc.kill()
         daemon.proc.wait(10)
+        uploading.close()
         daemon.stop()
+        files = tmp_path / "state" / "batches" / "files"
+        assert [p.name for p in files.iterdir() if not p.name.startswith("file-")] == []
 
         daemon = Daemon(tmp_path, config).start()
+        assert [p.name for p in files.iterdir() if not p.name.startswith("file-")] == []
         after_kill = _resumed(daemon, batch.id)[-1]
         print(
             f"\nlines done: {before_term}+ at SIGTERM, {resumed[-1]} resumed; "

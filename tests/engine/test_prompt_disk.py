@@ -333,3 +333,29 @@ def test_a_fifo_or_a_symlink_named_like_an_entry_does_not_delay_the_start(tmp_pa
         read_metadata(model_dir / ("a" * 40 + ".safetensors"))
     with pytest.raises(CorruptEntry, match="symbolic link"):
         read_metadata(model_dir / ("b" * 40 + ".safetensors"))
+def test_the_index_keeps_at_most_disk_max_entries(tmp_path, tiny_models):
+    """The index is in memory: a count cap bounds it where the byte cap would not (N13)."""
+    model_dir = tiny_models("llama")
+    cache = tmp_path / "cache"
+    keys = disk(tmp_path, disk_max_entries=3, max_entries=1)
+    ids = [[(i * 37 + k) % 400 + 20 for k in range(200)] for i in range(6)]
+    with running_engine(model_dir, prompt_cache=keys) as engine:
+        outs = run_all(engine, [token_request(f"c{i}", p, 2) for i, p in enumerate(ids)])
+        assert all(o.ok for o in outs)
+        state = settled(engine).prompt_cache
+        for _ in range(500):
+            state = settled(engine).prompt_cache
+            if state.disk_writes >= 4 and len(files(cache)) <= 3:
+                break
+            time.sleep(0.01)
+    assert state.disk_writes >= 4, state
+    assert 0 < state.disk_entries <= 3 and 0 < len(files(cache)) <= 3
+    # A restart with a lower cap keeps the newest.
+    newest = max(files(cache), key=lambda p: p.stat().st_mtime)
+    with running_engine(model_dir, prompt_cache={**keys, "disk_max_entries": 1}) as engine:
+        for _ in range(500):
+            if files(cache) == [newest]:
+                break
+            time.sleep(0.01)
+        assert settled(engine).prompt_cache.disk_entries == 1
+    assert files(cache) == [newest]

@@ -179,6 +179,29 @@ def test_stats_and_dashboard_never_show_prompts_or_secrets_to_non_admins(daemon:
             assert secrets[name] not in admin, f"the {name} appears in /stats for an admin"
 
 
+def test_stats_shows_no_server_paths_to_non_admins(daemon: Daemon) -> None:
+    model_dir = str(tiny_model_dir("llama"))
+    anonymous = httpx.get(f"{daemon.url}/stats", timeout=10).text
+    assert model_dir not in anonymous and str(daemon.config_path) not in anonymous
+    assert '"<path>"' in anonymous
+    admin = httpx.get(
+        f"{daemon.url}/stats", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+    ).text
+    assert model_dir in admin
+
+
+def test_admin_memory_answers_admins_only(daemon: Daemon) -> None:
+    assert httpx.get(f"{daemon.url}/admin/memory", timeout=10).status_code == 401
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with httpx.Client(base_url=daemon.url, headers=admin, timeout=60) as http:
+        assert http.post("/admin/memory/baseline").status_code == 200
+        body = http.get("/admin/memory", params={"limit": 5}).json()
+        assert body["rss_bytes"] > 0 and body["objects"] > 0
+        assert len(body["object_types_grown"]) <= 5 and body["tracemalloc"] is None
+        trim = http.post("/admin/memory/trim").json()
+        assert trim["rss_after_bytes"] > 0 and isinstance(trim["malloc_trim"], bool)
+
+
 def test_stats_serves_a_fresh_snapshot_without_caching(daemon: Daemon) -> None:
     first = httpx.get(f"{daemon.url}/stats")
     time.sleep(0.6)  # the idle engine republishes at least every 0.5 s

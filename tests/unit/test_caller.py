@@ -50,6 +50,27 @@ def test_a_missing_or_wrong_key_is_401() -> None:
         assert refused.value.status == 401
 
 
+def test_a_bearer_key_is_the_key_when_sent_beside_x_api_key() -> None:
+    two = {"keys": {**KEYS["keys"], "other": {"key": "sk-other"}}}
+    settings = Settings.model_validate(two)
+    with pytest.raises(OpenAIError) as refused:
+        _guard(settings, {}, {"authorization": "Bearer nope", "x-api-key": "sk-team"})
+    assert refused.value.status == 401
+    both = {"authorization": "Bearer sk-other", "x-api-key": "sk-team"}
+    assert _guard(settings, {}, both).key == "other"
+    stale = {"authorization": "Bearer sk-team", "x-api-key": "sk-ant-stale"}
+    assert _guard(settings, {}, stale).key == "team"
+
+
+def test_a_401_with_an_unread_body_closes_the_connection() -> None:
+    with pytest.raises(OpenAIError) as refused:
+        _guard(Settings.model_validate(KEYS), {}, {"content-length": "100"})
+    assert refused.value.headers == {"Connection": "close"}
+    with pytest.raises(OpenAIError) as refused:
+        _guard(Settings.model_validate(KEYS), {}, {})
+    assert refused.value.headers == {}
+
+
 def test_a_batch_line_runs_as_its_owner_in_the_batch_class_outside_quotas() -> None:
     who = Who("team", "high")
     placed = Caller(who, LINE)

@@ -166,7 +166,7 @@ class FilesController(Controller):
         batches = service(mlxd)
         row = await find_file(batches, request, file_id)
         path = batches.store.file_path(row.id)
-        if not path.is_file():
+        if not batches.store.has_file(row.id):
             raise OpenAIError(
                 500,
                 f"The body of file '{row.id}' is missing from the server's state directory.",

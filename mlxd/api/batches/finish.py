@@ -37,11 +37,10 @@ def _error(code: str, message: str, line: int | None = None) -> list[dict[str, A
 def validate(store: Store, batch: BatchRow) -> Validated:
     """Check ``batch``'s input file as it is on disk now."""
     row = store.get_file(batch.input_file_id)
-    path = store.file_path(batch.input_file_id)
-    if row is None or not path.is_file():
+    if row is None or not store.has_file(batch.input_file_id):
         return Validated(0, _error("file_missing", f"Input file {batch.input_file_id} is gone."))
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with store.open_file(batch.input_file_id) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     if digest.hexdigest() != row.sha256:
@@ -55,7 +54,7 @@ def validate(store: Store, batch: BatchRow) -> Validated:
         )
     total = 0
     try:
-        with path.open("rb") as f:
+        with store.open_file(batch.input_file_id) as f:
             number = 0
             for line in request_lines(f):
                 number = line.index + 1
@@ -140,10 +139,9 @@ def _chain(*sources: Iterable[bytes]) -> Iterator[bytes]:
 def _undone(store: Store, batch: BatchRow, reason: str) -> Iterator[bytes]:
     """An expired batch's lines that never ran, as error lines (OpenAI's ``batch_expired``)."""
     done = store.done_lines(batch.id)
-    path = store.file_path(batch.input_file_id)
-    if not path.is_file():
+    if not store.has_file(batch.input_file_id):
         return
-    with path.open("rb") as f:
+    with store.open_file(batch.input_file_id) as f:
         for line in request_lines(f):
             if line.index in done:
                 continue

@@ -191,15 +191,25 @@ class BatchesController(Controller):
     async def cancel(self, request: Request, mlxd: Mlxd, batch_id: FromPath[str]) -> dict:
         batches = service(mlxd)
         row = await _find(batches, request, batch_id)
-        if row.status in ("completed", "failed", "expired"):
+        if row.status not in _UNCANCELLABLE:
+            await batches.runner.cancel(row.id)
+            row = await _find(batches, request, batch_id)
+        if row.status in _UNCANCELLABLE:  # also when it moved on before the cancel took
             raise OpenAIError(
                 409,
-                f"Batch '{row.id}' is {row.status}; only a batch that has not finished can be "
-                "cancelled.",
+                f"Cannot cancel a batch with status '{row.status}': "
+                + (
+                    "every line is answered and its result files are being written."
+                    if row.status == "finalizing"
+                    else "only a batch that has not finished can be cancelled."
+                ),
                 code="batch_not_cancellable",
             )
-        await batches.runner.cancel(row.id)
-        return batch_json(batches, await _find(batches, request, batch_id))
+        return batch_json(batches, row)
+
+
+# A finalizing batch has every line answered; it ends completed (OpenAI refuses its cancel too).
+_UNCANCELLABLE = ("finalizing", "completed", "failed", "expired")
 
 
 def _live(batches: BatchService, row: BatchRow) -> BatchRow:

@@ -221,7 +221,7 @@ class Runner:
         return None
 
     def _read(self, job: Job) -> Generator[RequestLine]:
-        with self.store.file_path(job.row.input_file_id).open("rb") as f:
+        with self.store.open_file(job.row.input_file_id) as f:
             yield from request_lines(f)
 
     def _feed(self, job: Job) -> None:

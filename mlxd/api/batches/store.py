@@ -23,12 +23,13 @@ import logging
 import os
 import secrets
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from mlxd.api.batches.db import open_database
 
@@ -137,8 +138,7 @@ class Store:
 
     def _open(self) -> None:
         self.files_dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.files_dir.glob(".upload-*"):
-            stale.unlink(missing_ok=True)  # an upload the last process did not finish
+        sweep(self.files_dir)
         self._conn = open_database(self.root / "batches.db")
 
     def close(self) -> None:
@@ -160,6 +160,14 @@ class Store:
 
     def file_path(self, file_id: str) -> Path:
         return self.files_dir / f"{file_id}.jsonl"
+
+    def has_file(self, file_id: str) -> bool:
+        """Whether the file's body is on disk as a regular file (any thread)."""
+        return is_regular(self.file_path(file_id))
+
+    def open_file(self, file_id: str) -> BinaryIO:
+        """The file's body for reading (any thread); see :func:`open_regular`."""
+        return open_regular(self.file_path(file_id))
 
     def add_file(self, row: FileRow) -> None:
         self.db.execute(
@@ -326,3 +334,55 @@ def commit_file(tmp: Path, final: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# Names a process killed mid-upload left in the files folder: the store's own
+# half-written bodies, and python-multipart's named spool files of mlxd before
+# uploads spooled to anonymous files.
+_LEFTOVERS = (".upload-", "tmp")
+
+
+def sweep(folder: Path) -> int:
+    """Remove what a killed process left in ``folder``; how many files went.
+
+    Only regular files are removed (a FIFO, a device or a symlink with such a
+    name is left alone, and never opened).
+    """
+    removed = 0
+    for entry in os.scandir(folder):
+        if entry.name.startswith(_LEFTOVERS) and entry.is_file(follow_symlinks=False):
+            Path(entry.path).unlink(missing_ok=True)
+            removed += 1
+    if removed:
+        logger.info("batch files: removed %d unfinished upload(s) left by an earlier run", removed)
+    return removed
+
+
+def is_regular(path: Path) -> bool:
+    """Whether ``path`` itself (not what a symlink names) is a regular file."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading, only if it is a regular file.
+
+    Opened with ``O_NOFOLLOW`` (a symlink, which could point out of the
+    folder, is refused) and ``O_NONBLOCK`` (a FIFO does not block the open),
+    then checked with ``fstat``: a FIFO, a socket or a device is refused.
+
+    Raises:
+        OSError: missing, a symlink, or not a regular file.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

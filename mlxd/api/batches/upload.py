@@ -3,25 +3,35 @@
 The request guard lets this one route's multipart body through unread
 (:mod:`mlxd.api.http.guard`); here it is read chunk by chunk under
 ``[batches] max_file_bytes`` (413 as soon as it is known) and
-``upload_timeout`` (408), and fed to python-multipart's streaming parser,
-which spools the file part to a temporary file: nothing holds the whole
-upload in memory. The form must carry ``purpose`` and one ``file`` part.
+``upload_timeout`` (408), and fed to python-multipart's streaming parser.
+The file part goes straight to an anonymous temporary file in the spool
+folder (``tempfile.TemporaryFile``: on Linux it never has a name, elsewhere
+it loses it at once), so nothing holds the whole upload in memory, and
+nothing is left behind: closing it (on an error, a disconnect, a cancel, or
+once the file is kept) frees it at once, and a process killed mid-upload
+leaves no file either. A client that leaves mid-upload is logged 499. The
+form must carry ``purpose`` and one ``file`` part.
 """
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from litestar import Request
-from python_multipart import FormParser
+from litestar.exceptions import InternalServerException
 from python_multipart.exceptions import FormParserError
-from python_multipart.multipart import parse_options_header
+from python_multipart.multipart import MultipartParser, parse_options_header
 
 from mlxd.api.http.errors import OpenAIError
+from mlxd.api.http.requestlog import note_of
+
+if TYPE_CHECKING:  # python-multipart defines it for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 # Form fields other than the file are small (purpose, expires_after[...]).
 _MAX_FIELD_BYTES = 4096
@@ -51,8 +61,83 @@ def _too_large(size: int, limit: int) -> OpenAIError:
     )
 
 
+class _Form:
+    """python-multipart's part callbacks: text fields kept, the ``file`` part spooled."""
+
+    def __init__(self, upload: Upload, spool: Path):
+        self.upload = upload
+        self.spool = spool
+        self.oversized: list[str] = []
+        self._header = [b"", b""]
+        self._headers: dict[bytes, bytes] = {}
+        self._kind = "skip"
+        self._name = ""
+        self._value = bytearray()
+
+    def callbacks(self) -> MultipartCallbacks:
+        return {
+            "on_part_begin": self._begin,
+            "on_header_field": lambda d, a, b: self._add_header(0, d[a:b]),
+            "on_header_value": lambda d, a, b: self._add_header(1, d[a:b]),
+            "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished,
+            "on_part_data": self._data,
+            "on_part_end": self._end,
+        }
+
+    def _begin(self) -> None:
+        self._headers = {}
+        self._header = [b"", b""]
+
+    def _add_header(self, which: int, data: bytes) -> None:
+        if len(self._header[which]) + len(data) > _MAX_FIELD_BYTES:
+            raise FormParserError("a part header is too long")
+        self._header[which] += data
+
+    def _header_end(self) -> None:
+        self._headers[self._header[0].lower()] = self._header[1]
+        self._header = [b"", b""]
+
+    def _headers_finished(self) -> None:
+        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        self._name = options.get(b"name", b"").decode("utf-8", "replace")
+        filename = options.get(b"filename")
+        self._value = bytearray()
+        if filename is None:
+            self._kind = "field"
+            return
+        upload = self.upload
+        upload.files += 1
+        if self._name != "file" or upload.file is not None:
+            self._kind = "skip"
+            return
+        upload.filename = filename.decode("utf-8", "replace")[:255] or upload.filename
+        # Closed by read_upload on an error, else by its caller once the file is kept.
+        upload.file = tempfile.TemporaryFile(dir=self.spool)  # noqa: SIM115
+        self._kind = "file"
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        if self._kind == "file":
+            assert self.upload.file is not None
+            self.upload.file.write(data[start:end])
+        elif self._kind == "field" and len(self._value) <= _MAX_FIELD_BYTES:
+            self._value += data[start:end]
+
+    def _end(self) -> None:
+        if self._kind != "field":
+            return
+        if len(self._value) > _MAX_FIELD_BYTES:
+            self.oversized.append(self._name)
+        else:
+            self.upload.fields[self._name] = self._value.decode("utf-8", "replace")
+
+
 async def read_upload(request: Request, spool: Path, limit: int, timeout: float) -> Upload:
-    """Stream ``request``'s multipart body into an :class:`Upload` (400, 408, 413)."""
+    """Stream ``request``'s multipart body into an :class:`Upload` (400, 408, 413, 499).
+
+    The caller closes ``Upload.file`` (which frees it); on any error here it
+    is closed before this raises.
+    """
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in params:
         raise _bad(
@@ -63,37 +148,8 @@ async def read_upload(request: Request, spool: Path, limit: int, timeout: float)
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
     upload = Upload()
-    oversized: list[str] = []
-
-    def on_field(f: Any) -> None:
-        name = (f.field_name or b"").decode("utf-8", "replace")
-        value = f.value or b""
-        if len(value) > _MAX_FIELD_BYTES:
-            oversized.append(name)
-            return
-        upload.fields[name] = value.decode("utf-8", "replace")
-
-    def on_file(f: Any) -> None:
-        upload.files += 1
-        if (f.field_name or b"") != b"file" or upload.file is not None:
-            f.close()
-            return
-        if f.file_name:
-            upload.filename = f.file_name.decode("utf-8", "replace")[:255]
-        f.flush_to_disk()
-        upload.file = f.file_object
-
-    parser = FormParser(
-        "multipart/form-data",
-        on_field,
-        on_file,
-        boundary=params[b"boundary"],
-        config={
-            "UPLOAD_DIR": str(spool),
-            "MAX_MEMORY_FILE_SIZE": 1 << 16,
-            "MAX_BODY_SIZE": limit,
-        },
-    )
+    form = _Form(upload, spool)
+    parser = MultipartParser(params[b"boundary"], form.callbacks(), max_size=limit)
     size = 0
     deadline = time.monotonic() + timeout
     stream = request.stream().__aiter__()
@@ -114,6 +170,14 @@ async def read_upload(request: Request, spool: Path, limit: int, timeout: float)
                     code="request_timeout",
                     headers={"Connection": "close"},
                 ) from None
+            except InternalServerException:  # Litestar's word for http.disconnect
+                note = note_of(request.scope)
+                note.status, note.error = 499, "cancelled"
+                raise OpenAIError(
+                    499,
+                    f"The client closed the connection during the upload ({size} bytes received).",
+                    code="cancelled",
+                ) from None
             size += len(chunk)
             if size > limit:
                 raise _too_large(size, limit)
@@ -125,9 +189,12 @@ async def read_upload(request: Request, spool: Path, limit: int, timeout: float)
     except BaseException:
         _discard(upload)
         raise
-    if oversized:
+    if form.oversized:
         _discard(upload)
-        raise _bad(f"The form field {oversized[0][:40]!r} is too long.", param=oversized[0][:40])
+        name = form.oversized[0][:40]
+        raise _bad(f"The form field {name!r} is too long.", param=name)
+    if upload.file is not None:
+        upload.file.flush()
     return upload
 
 

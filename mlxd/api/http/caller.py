@@ -122,8 +122,15 @@ def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
             "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' "
             "(or 'x-api-key: <key>').",
             code="invalid_api_key",
+            # A body the guard refused is never read: close rather than wait for it.
+            headers={"Connection": "close"} if _has_body(connection.headers) else None,
         )
     who, owner = found
     placed = placed or Caller()
     scope[CALLER_SCOPE_KEY] = replace(placed, who=who, owner=owner)
     note_of(connection.scope).key = who.name
+
+
+def _has_body(headers: Any) -> bool:
+    length = headers.get("content-length", "0")
+    return length.strip() not in ("", "0") or "transfer-encoding" in headers

@@ -9,7 +9,8 @@ too) and refuses:
   the visitor's browser;
 - a body sent to ``/v1`` without a JSON ``Content-Type`` with 415 (but for the
   Batch API's multipart file upload, ``POST /v1/files``, read by its route
-  under ``[batches]`` limits instead of here): browsers
+  under ``[batches]`` limits instead of here, and a bodyless
+  ``POST /v1/batches/{id}/cancel``): browsers
   send ``text/plain``, form and multipart bodies (and bodies with no type)
   cross-site without a CORS preflight, and a JSON API has no use for them;
 - a body that declares more than ``[limits] max_body_bytes`` with 413, on
@@ -150,7 +151,7 @@ def _body_refusal(scope: dict[str, Any], path: str, limit: int) -> tuple[int, st
         )
     if path == "/v1" or path.startswith("/v1/"):
         content_type = _header(scope, b"content-type") or ""
-        if not is_json_type(content_type):
+        if not is_json_type(content_type) and not _bodyless_action(scope, path):
             return (
                 415,
                 f"Content-Type must be application/json (got {content_type or 'none'}).",
@@ -187,6 +188,11 @@ def _upload_refusal(scope: dict[str, Any], limit: int) -> tuple[int, str, str] |
             "file_too_large",
         )
     return None
+
+
+def _bodyless_action(scope: dict[str, Any], path: str) -> bool:
+    """A POST that takes no body (``/v1/batches/{id}/cancel``) sent without one, as curl does."""
+    return path.startswith("/v1/batches/") and path.endswith("/cancel") and not _has_body(scope)
 
 
 def _has_body(scope: dict[str, Any]) -> bool:

@@ -97,11 +97,17 @@ def _given(headers: Mapping[str, str]) -> list[bytes]:
 
 def identify(headers: Mapping[str, str], settings: Settings) -> tuple[Who, str] | None:
     """The identity the request's key names and that key's :func:`key_digest` (what owns
-    what the request creates), or None (compared in constant time)."""
+    what the request creates), or None (compared in constant time).
+
+    ``Authorization: Bearer`` is the key when the request sends one; ``x-api-key``
+    only when it does not. So an invalid Bearer beside a valid ``x-api-key`` is
+    None, never the second key.
+    """
     given = _given(headers)
-    found = None
+    if not given:
+        return None
+    candidate, found = given[0], None
     for secret, who in identities(settings):
-        for candidate in given:
-            if hmac.compare_digest(candidate, secret.encode()) and found is None:
-                found = who, key_digest(secret)
+        if hmac.compare_digest(candidate, secret.encode()) and found is None:
+            found = who, key_digest(secret)
     return found

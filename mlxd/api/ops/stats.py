@@ -19,7 +19,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
 from mlxd.api.http.access import admin_refusal, can_admin, can_read
-from mlxd.api.http.errors import OpenAIError
+from mlxd.api.http.errors import OpenAIError, without_paths
 from mlxd.api.ops.who import keys_stats
 from mlxd.api.state import AppState, Mlxd
 from mlxd.config import Settings
@@ -121,7 +121,23 @@ class StatsController(Controller):
         body["keys"] = keys_stats(mlxd)
         if mlxd.batches is not None:  # the Batch API (docs/api.md, ``batches``)
             body["batches"] = mlxd.batches.stats()
-        return Response(body, headers=NO_STORE)
+        return Response(body if admin else hide_paths(body), headers=NO_STORE)
+
+
+def hide_paths(value: Any) -> Any:
+    """``value`` with the server's file system paths as ``<path>`` (readers without admin).
+
+    Model directories, the state and config files, the BLAS library: where
+    things are on the server is the operator's business. API routes
+    (``/v1/...``) are not paths.
+    """
+    if isinstance(value, dict):
+        return {k: hide_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [hide_paths(v) for v in value]
+    if isinstance(value, str) and not value.startswith("/v1/"):
+        return without_paths(value)
+    return value
 
 
 def responses_stats(state: AppState) -> dict[str, int]:

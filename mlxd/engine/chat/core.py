@@ -283,7 +283,11 @@ class EngineCore:
         try:
             identity = model_identity(loaded.info.path, loaded.info.dtype, loaded.cache_classes)
             return DiskTier(
-                root, identity, s.disk_max_bytes, name=f"mlxd-disk-{self.pool_id or 'model'}"
+                root,
+                identity,
+                s.disk_max_bytes,
+                name=f"mlxd-disk-{self.pool_id or 'model'}",
+                max_entries=s.disk_max_entries,
             )
         except Exception as exc:  # an unreadable model directory, a broken disk: RAM only
             logger.warning("the prompt cache's disk tier is off: %s", exc)

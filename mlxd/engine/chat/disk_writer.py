@@ -49,6 +49,7 @@ from mlxd.engine.chat.disk_checksum import (
     open_regular,
     seal,
 )
+from mlxd.config.units import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +330,8 @@ def _check_room(directory: Path, nbytes: int) -> None:
     if free - nbytes < reserve:
         raise OSError(
             errno.ENOSPC,
-            f"only {free // 2**20} MiB free, and the tier leaves at least {reserve // 2**20} MiB",
+            f"writing {format_bytes(nbytes)} would leave {format_bytes(max(free - nbytes, 0))} "
+            f"free of {format_bytes(free)}, and the tier leaves at least {format_bytes(reserve)}",
         )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.config import Settings
-from mlxd.engine.chat import checkpoints
+from mlxd.engine.chat import checkpoints, image_cost
 from mlxd.engine.chat.grammar import ConstraintProcessor, GrammarError
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.output import initial_phase
@@ -203,6 +203,9 @@ def prepare(
     refused = check_tools(loaded, request)
     if refused is not None:
         return refused
+    refused = costly_images(loaded, request, settings, room)
+    if refused is not None:
+        return refused
     try:
         check_request(request, loaded.info)
         prompt, images = tokenize_with_images(loaded, request)
@@ -240,6 +243,25 @@ def prepare(
         prompt_end = checkpoints.prompt_end(loaded.tokenizer, prompt)
     return Prepared(
         prompt, max_tokens, decision, extent, phase, processor, system_end, prompt_end, images
+    )
+
+
+def costly_images(
+    loaded: LoadedModel, request: GenerationRequest, settings: Settings, room: KvRoom
+) -> Failed | None:
+    """Images that would cost too much once resized, refused from their headers alone."""
+    prompt = request.prompt
+    if not (isinstance(prompt, ChatPrompt) and prompt.images and loaded.vision is not None):
+        return None
+    return image_cost.refusal(
+        loaded.vision.processor,
+        prompt.images,
+        max_pixels=settings.limits.image_pixels,
+        context_length=loaded.info.context_length,
+        layout=loaded.layout,
+        room=room,
+        decode_allowance=settings.batch.decode_allowance,
+        prefill_step_size=settings.batch.prefill_step_size,
     )
 
 

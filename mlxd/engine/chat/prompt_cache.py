@@ -118,6 +118,7 @@ class PromptCache:
         self._settings = settings
         if self.disk is not None:
             self.disk.set_cap(settings.disk_max_bytes)
+            self.disk.set_max_entries(settings.disk_max_entries)
         self.trim(live_bytes)
 
     # ------------------------------------------------------------ lookup
@@ -170,7 +171,7 @@ class PromptCache:
         assert self.disk is not None
         cache = self.disk.load(entry)
         if cache is not None:
-            self._keep(entry.tokens, cache, cast(Kind, entry.kind), on_disk=True)
+            self._keep(entry.tokens.tolist(), cache, cast(Kind, entry.kind), on_disk=True)
         return cache
 
     def _touch(self, entry: Entry) -> None:

@@ -24,10 +24,12 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import re
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from mlxd.engine.chat.disk_writer import (
     SUFFIX,
     DiskWriter,
     Enforce,
+    Remove,
     Touch,
     Write,
     entry_files,
@@ -109,6 +112,13 @@ def decode_tokens(text: str) -> list[int]:
     return np.frombuffer(base64.b64decode(text, validate=True), dtype="<i4").tolist()
 
 
+def _mtime(f: os.DirEntry[str]) -> float:
+    try:
+        return f.stat(follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0
+
+
 def entry_name(tokens: list[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:40] + SUFFIX
 
@@ -118,7 +128,8 @@ class DiskEntry:
     """One file of the index: the tokens it holds and how it may be reused."""
 
     path: Path
-    tokens: list[int]
+    # 4 bytes a token (a list of ints takes about 36): the index is in memory.
+    tokens: array
     nbytes: int
     kind: str
     trimmable: bool
@@ -134,8 +145,12 @@ class DiskTier:
         name: Names the writer thread.
     """
 
-    def __init__(self, root: Path, identity: ModelIdentity, cap: int, *, name: str):
+    def __init__(
+        self, root: Path, identity: ModelIdentity, cap: int, *, name: str, max_entries: int = 2048
+    ):
         self.root = root
+        # The index is in memory (every entry's tokens): at most this many entries.
+        self.max_entries = max_entries
         self.identity = identity
         self.directory = root / identity.dirname
         self.state = "on"
@@ -161,7 +176,7 @@ class DiskTier:
         except OSError as exc:
             self._fail(f"cannot create {self.directory}: {exc.strerror or exc}")
             return
-        for f in entry_files(self.directory):
+        for f in sorted(entry_files(self.directory), key=_mtime):  # oldest first (LRU order)
             path = Path(f.path)
             try:
                 metadata, size = read_metadata(path)
@@ -172,6 +187,7 @@ class DiskTier:
                 self._drop(path, f"{exc}")
                 continue
             self._add(entry)
+        self._bound()
         logger.info(
             "prompt cache on disk: %d entries, %d MiB in %s",
             len(self._by_name),
@@ -191,7 +207,11 @@ class DiskTier:
         if not tokens or entry_name(tokens) != path.name:
             raise CorruptEntry("its token ids do not match its name")
         return DiskEntry(
-            path, tokens, size, metadata.get("kind", "assistant"), metadata["trimmable"] == "1"
+            path,
+            array("i", tokens),
+            size,
+            metadata.get("kind", "assistant"),
+            metadata["trimmable"] == "1",
         )
 
     def _add(self, entry: DiskEntry) -> None:
@@ -205,6 +225,24 @@ class DiskTier:
         if self._by_name.pop(entry.path.name, None) is not None:
             self._index.pop(entry.tokens)
             self.nbytes -= entry.nbytes
+
+    def _bound(self) -> None:
+        """At most ``max_entries`` in the index: the least recently used go, files and all.
+
+        The bytes cap alone let the index (all in memory) grow without
+        bound for a model whose entries are small (issue 34, N13).
+        """
+        extra = len(self._by_name) - self.max_entries
+        if extra <= 0:
+            return
+        old = list(itertools.islice(self._by_name.values(), extra))
+        for entry in old:
+            self._forget(entry)
+        self._writer.submit(Remove([e.path for e in old]))
+
+    def set_max_entries(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._bound()
 
     def _drop(self, path: Path, why: str) -> None:
         """A bad file: a warning, a count, and it goes (never a crash, never a failed request)."""
@@ -237,7 +275,7 @@ class DiskTier:
             mx.eval([c.state for c in cache])
             if not self.identity.matches(metadata):
                 raise CorruptEntry("written for another model")
-            if decode_tokens(metadata["tokens"]) != entry.tokens:
+            if decode_tokens(metadata["tokens"]) != entry.tokens.tolist():
                 raise CorruptEntry("its token ids changed")
             classes = tuple(type(c).__name__ for c in cache)
             if classes != self.identity.classes:
@@ -249,6 +287,7 @@ class DiskTier:
             self._drop(entry.path, f"{type(exc).__name__}: {exc}")
             return None
         self.hits += 1
+        self._by_name[entry.path.name] = self._by_name.pop(entry.path.name, entry)  # recent
         self._writer.submit(Touch(entry.path))
         logger.debug(
             "read %d tokens (%d MiB) from disk in %.3fs",
@@ -318,12 +357,19 @@ class DiskTier:
             self.writes += 1
             path = job.directory / job.name
             self._add(
-                DiskEntry(path, tokens, job.written_bytes, kind, job.metadata["trimmable"] == "1")
+                DiskEntry(
+                    path,
+                    array("i", tokens),
+                    job.written_bytes,
+                    kind,
+                    job.metadata["trimmable"] == "1",
+                )
             )
         for path in results.evicted:
             entry = self._by_name.get(path.name)
             if entry is not None and path.parent == self.directory:
                 self._forget(entry)
+        self._bound()
 
     def _fail(self, why: str) -> None:
         if self.state == "on":
