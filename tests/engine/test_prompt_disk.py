@@ -333,6 +333,8 @@ def test_a_fifo_or_a_symlink_named_like_an_entry_does_not_delay_the_start(tmp_pa
         read_metadata(model_dir / ("a" * 40 + ".safetensors"))
     with pytest.raises(CorruptEntry, match="symbolic link"):
         read_metadata(model_dir / ("b" * 40 + ".safetensors"))
+
+
 def test_the_index_keeps_at_most_disk_max_entries(tmp_path, tiny_models):
     """The index is in memory: a count cap bounds it where the byte cap would not (N13)."""
     model_dir = tiny_models("llama")

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxd.config.units import format_bytes
 from mlxd.engine.chat.disk_checksum import (
     CHECKSUM,
     PLACEHOLDER,
@@ -49,7 +50,6 @@ from mlxd.engine.chat.disk_checksum import (
     open_regular,
     seal,
 )
-from mlxd.config.units import format_bytes
 
 logger = logging.getLogger(__name__)
 
