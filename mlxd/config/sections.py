@@ -164,6 +164,7 @@ class PromptCacheSettings(Section):
         "Seconds a prompt's end (or a finished row that can be cut back) stays in RAM, not "
         "replaced by a longer one, before it is written through to disk (a crash keeps it).",
         ge=0,
+    )
     disk_max_entries: int = _field(
         2048,
         "live",
