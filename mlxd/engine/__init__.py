@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mlxd.engine.audio.decode import AudioError, Decoded, decode_audio
+from mlxd.engine.audio.transcript import FORMATS as TRANSCRIPT_FORMATS
+from mlxd.engine.audio.transcript import GRANULARITIES as TRANSCRIPT_GRANULARITIES
+from mlxd.engine.audio.transcript import Transcript
+from mlxd.engine.audio.transcript import render as render_transcript
 from mlxd.engine.channel import RequestHandle
 from mlxd.engine.checks import IntakeError, check_request
 from mlxd.engine.cluster_status import ClusterStatus
@@ -70,6 +75,7 @@ from mlxd.engine.policy.priority import CLASSES as PRIORITY_CLASSES
 from mlxd.engine.policy.priority import capped as capped_priority
 from mlxd.engine.rerank.pairs import pair_texts as rerank_pair_texts
 from mlxd.engine.snapshot import RecentLookup, Snapshot
+from mlxd.engine.transcription.messages import TranscriptionJob
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.engine import Engine
@@ -80,14 +86,18 @@ __all__ = [
     "MODEL_STATES",
     "PRIORITY_CLASSES",
     "TOOL_GRAMMAR_FORMATS",
+    "TRANSCRIPT_FORMATS",
+    "TRANSCRIPT_GRANULARITIES",
     "Accepted",
     "Admitted",
     "Api",
+    "AudioError",
     "CacheLookup",
     "CacheSource",
     "ChatPrompt",
     "ClusterStatus",
     "Constraint",
+    "Decoded",
     "Delta",
     "EmbeddingError",
     "EmbeddingInfo",
@@ -125,16 +135,20 @@ __all__ = [
     "TokenPrompt",
     "ToolCall",
     "TopLogprob",
+    "Transcript",
+    "TranscriptionJob",
     "Usage",
     "capped_priority",
     "check_constraint",
     "check_embedding_inputs",
     "check_image_count",
     "check_request",
+    "decode_audio",
     "image_from_base64",
     "image_from_bytes",
     "image_from_data_url",
     "json_constraint",
+    "render_transcript",
     "rerank_pair_texts",
     "tool_constraint",
     "validate_constraint",
