@@ -34,7 +34,7 @@ def daemon(apps, tiny_models, tiny_whisper_model):
         "chat": {"path": str(tiny_models("llama"))},
         "whisper": {"kind": "transcription", "path": str(tiny_whisper_model)},
     }
-    return apps.get(toml_config(models=models, limits={"audio_seconds": 5.0}))
+    return apps.get(toml_config(models=models, limits={"audio_seconds": 3.0, "audio_bytes": "128KiB"}))
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,8 @@ def post(daemon, data: bytes, filename: str = "a.wav", **fields: str):
     [
         (b"this is not audio at all" * 4, {}, 400, "file", "not"),
         (wav_bytes()[:2000], {}, 400, "file", "truncated"),
-        (wav_bytes(6.0), {}, 400, "file", "5 s"),
+        (wav_bytes(4.0), {}, 400, "file", "3 s"),
+        (wav_bytes(10.0), {}, 413, None, "limits.audio_bytes"),
         (b"\x00\x00\x00\x20ftypM4A " + b"\x00" * 64, {}, 400, "file", "ffmpeg"),
         (wav_bytes(0.2), {"response_format": "mp3"}, 400, "response_format", "json"),
         (wav_bytes(0.2), {"temperature": "7"}, 400, "temperature", "0 to 1"),
