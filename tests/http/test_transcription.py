@@ -34,7 +34,9 @@ def daemon(apps, tiny_models, tiny_whisper_model):
         "chat": {"path": str(tiny_models("llama"))},
         "whisper": {"kind": "transcription", "path": str(tiny_whisper_model)},
     }
-    return apps.get(toml_config(models=models, limits={"audio_seconds": 3.0, "audio_bytes": "128KiB"}))
+    return apps.get(
+        toml_config(models=models, limits={"audio_seconds": 3.0, "audio_bytes": "128KiB"})
+    )
 
 
 @pytest.fixture(scope="module")
