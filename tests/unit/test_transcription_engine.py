@@ -37,7 +37,7 @@ def test_load_refuse_unload_stop(tiny_whisper_model) -> None:
         assert engine.info is None and engine.snapshot().state == "unloaded"
         assert engine.snapshot().weights_bytes == 0
         bad = load_settings(None, overrides={"model": {"path": str(tiny_whisper_model.parent)}})
-        with pytest.raises(Exception, match="config.json"):
+        with pytest.raises(Exception, match=r"config\.json"):
             engine.load(bad).result(30)
         assert engine.snapshot().state == "failed"
     finally:
