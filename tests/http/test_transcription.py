@@ -89,6 +89,7 @@ def test_translation_and_stream(daemon, client) -> None:
     assert all(e["type"] == "transcript.text.delta" for e in events[:-1])
     models = {m["id"]: m for m in http_json(daemon, "/v1/models")["data"]}
     assert models["whisper"]["kind"] == "transcription"
+    assert models["whisper"]["context_length"] == 64  # the tiny decoder's n_text_ctx
     stats = {m["id"]: m for m in http_json(daemon, "/stats")["fleet"]["models"]}
     assert stats["whisper"]["engine"]["requests_served"] >= 2
     with daemon.client() as http:
