@@ -15,6 +15,7 @@ from mlxd.api.batches.routes import BatchesController
 from mlxd.api.http.caller import api_key_guard
 from mlxd.api.http.errors import OPENAI, Envelopes
 from mlxd.api.http.requestlog import request_log
+from mlxd.api.openai.audio import AudioController
 from mlxd.api.openai.embeddings import EmbeddingsController
 from mlxd.api.openai.rerank import RerankController
 from mlxd.api.openai.routes import OpenAIController
@@ -42,6 +43,7 @@ def api_router() -> Router:
             OpenAIController,  # /v1/models, /v1/chat/completions, /v1/completions
             EmbeddingsController,  # /v1/embeddings
             RerankController,  # /v1/rerank
+            AudioController,  # /v1/audio/transcriptions, /v1/audio/translations
             ResponsesController,  # /v1/responses
             messages_router(),  # /v1/messages: Anthropic's, in its own envelope
             FilesController,  # /v1/files (the Batch API's files)

@@ -168,8 +168,10 @@ def registry_issues(settings: Settings) -> list[ConfigIssue]:
                     "drop name, or list other names in aliases",
                 )
             )
-        if entry.kind == "rerank" and not entry.path:  # no built-in demo reranker
-            issues.append(ConfigIssue(f"{where} path", 'a kind = "rerank" model needs a path'))
+        if entry.kind in ("rerank", "transcription") and not entry.path:  # no built-in demo
+            issues.append(
+                ConfigIssue(f"{where} path", f'a kind = "{entry.kind}" model needs a path')
+            )
         if entry.default:
             defaults.setdefault(entry.kind, []).append(model_id)
         for alias in entry.aliases:

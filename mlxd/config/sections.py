@@ -223,6 +223,19 @@ class LimitSettings(Section):
         ge=1,
     )
     max_images: int = _field(16, "live", "Most images one request may carry.", ge=0)
+    audio_bytes: Bytes = _field(
+        "25MiB",
+        "live",
+        "Largest audio file a speech-to-text upload may carry (/v1/audio/transcriptions); "
+        "larger gets 413.",
+    )
+    audio_seconds: float = _field(
+        600.0,
+        "live",
+        "Longest audio a speech-to-text upload may carry, read from its header before "
+        "decoding; longer gets 400.",
+        gt=0,
+    )
     image_fetch_timeout: float = _field(
         10.0,
         "live",

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mlxd.engine.audio.decode import AudioError, Decoded, decode_audio
+from mlxd.engine.audio.transcript import FORMATS as TRANSCRIPT_FORMATS
+from mlxd.engine.audio.transcript import GRANULARITIES as TRANSCRIPT_GRANULARITIES
+from mlxd.engine.audio.transcript import Transcript
+from mlxd.engine.audio.transcript import render as render_transcript
 from mlxd.engine.channel import RequestHandle
 from mlxd.engine.checks import IntakeError, check_request
 from mlxd.engine.cluster_status import ClusterStatus
@@ -73,6 +78,7 @@ from mlxd.engine.policy.priority import CLASSES as PRIORITY_CLASSES
 from mlxd.engine.policy.priority import capped as capped_priority
 from mlxd.engine.rerank.pairs import pair_texts as rerank_pair_texts
 from mlxd.engine.snapshot import RecentLookup, Snapshot
+from mlxd.engine.transcription.messages import TranscriptionJob
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.engine import Engine
@@ -83,15 +89,19 @@ __all__ = [
     "MODEL_STATES",
     "PRIORITY_CLASSES",
     "TOOL_GRAMMAR_FORMATS",
+    "TRANSCRIPT_FORMATS",
+    "TRANSCRIPT_GRANULARITIES",
     "Accepted",
     "Admitted",
     "Api",
+    "AudioError",
     "CacheLookup",
     "CacheSource",
     "ChatPrompt",
     "ClusterStatus",
     "Constraint",
     "CustomTool",
+    "Decoded",
     "Delta",
     "EmbeddingError",
     "EmbeddingInfo",
@@ -130,6 +140,8 @@ __all__ = [
     "ToolCall",
     "ToolCallPart",
     "TopLogprob",
+    "Transcript",
+    "TranscriptionJob",
     "Usage",
     "capped_priority",
     "check_constraint",
@@ -138,10 +150,12 @@ __all__ = [
     "check_request",
     "custom_constraint",
     "custom_grammar",
+    "decode_audio",
     "image_from_base64",
     "image_from_bytes",
     "image_from_data_url",
     "json_constraint",
+    "render_transcript",
     "rerank_pair_texts",
     "template_tool",
     "tool_constraint",

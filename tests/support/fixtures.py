@@ -80,3 +80,11 @@ def tiny_embedding_model() -> Path:
     from tests.support.tinyembed import tiny_embedding_dir
 
     return tiny_embedding_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_whisper_model() -> Path:
+    """The tiny random-weight Whisper's directory (built once, cached)."""
+    from tests.support.tinywhisper import tiny_whisper_dir
+
+    return tiny_whisper_dir()

@@ -101,6 +101,7 @@ class RequestGuard:
             return
         limits = settings.limits
         refusal = None
+        body_limit = limits.max_body_bytes
         if _is_upload(scope, path):
             # POST /v1/files: a multipart file, read by its route under [batches]
             # max_file_bytes and upload_timeout, streamed to disk (mlxd.api.batches.upload).
@@ -108,10 +109,15 @@ class RequestGuard:
             if refusal is None:
                 await self.app(scope, receive, send)
                 return
+        elif _is_audio(scope, path):
+            # POST /v1/audio/transcriptions|translations: a multipart audio file, read
+            # here under [limits] audio_bytes (plus the form's own bytes), parsed by its route.
+            body_limit = audio_body_limit(limits.audio_bytes)
+            refusal = _upload_refusal(scope, body_limit, "limits.audio_bytes")
         elif scope.get("method") in _BODY_METHODS:
             refusal = _body_refusal(scope, path, limits.max_body_bytes)
         if refusal is None and _has_body(scope):
-            body, refusal = await _read(receive, limits.max_body_bytes, limits.body_timeout)
+            body, refusal = await _read(receive, body_limit, limits.body_timeout)
             if body is None and refusal is None:
                 return  # the client went away
             if body is not None:
@@ -173,7 +179,25 @@ def _is_upload(scope: dict[str, Any], path: str) -> bool:
     return content_type == "multipart/form-data"
 
 
-def _upload_refusal(scope: dict[str, Any], limit: int) -> tuple[int, str, str] | None:
+# Speech-to-text uploads (mlxd.api.openai.audio): multipart, read here under their own limit.
+AUDIO_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
+
+
+def audio_body_limit(audio_bytes: int) -> int:
+    """The largest audio upload body: the file's limit and 64 KiB for the form's fields."""
+    return audio_bytes + 65_536
+
+
+def _is_audio(scope: dict[str, Any], path: str) -> bool:
+    if scope.get("method") != "POST" or path.rstrip("/") not in AUDIO_PATHS:
+        return False
+    content_type = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+    return content_type == "multipart/form-data"
+
+
+def _upload_refusal(
+    scope: dict[str, Any], limit: int, key: str = "batches.max_file_bytes"
+) -> tuple[int, str, str] | None:
     # A browser may send a multipart form cross-site without a preflight: a web page
     # must not upload to this daemon, so an upload from another origin is refused.
     origin = _header(scope, b"origin")
@@ -184,7 +208,7 @@ def _upload_refusal(scope: dict[str, Any], limit: int) -> tuple[int, str, str] |
         return (
             413,
             f"The upload is {int(declared)} bytes; this server accepts files of at most "
-            f"{limit} bytes (batches.max_file_bytes).",
+            f"{limit} bytes ({key}).",
             "file_too_large",
         )
     return None

@@ -205,4 +205,7 @@ def model_json(model: ModelState) -> dict[str, Any]:
         out["supports_dimensions"] = caps.get("supports_dimensions", False)
         if model.kind == "rerank":  # how it scores: "cross_encoder" or "yes_no_lm"
             out["scoring"] = caps.get("scoring")
+    elif model.kind == "transcription" and caps:  # its text decoder's
+        out["context_length"] = caps.get("context_length")
+        out["vocab_size"] = caps.get("vocab_size")
     return out

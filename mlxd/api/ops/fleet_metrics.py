@@ -87,9 +87,14 @@ EMBEDDING_COUNTERS = (
 )
 
 
+# A reranker's and a transcription model's engines count in the same families (for a
+# transcription model: inputs = uploads, tokens = tokens generated, passes = model calls).
+EMBEDDING_KINDS = ("embedding", "rerank", "transcription")
+
+
 def _embedding_metrics(models: list[ModelState]) -> Iterator[Metric]:
     """Each loaded embedding model's counts; the families are there (empty) without one."""
-    loaded = [m for m in models if m.kind in ("embedding", "rerank") and m.engine]
+    loaded = [m for m in models if m.kind in EMBEDDING_KINDS and m.engine]
     requests = CounterMetricFamily(
         "mlxd_embedding_requests",
         "Embedding requests answered with vectors (served) or refused and failed (failed).",

@@ -82,6 +82,10 @@ class Fleet:
                 lambda s, model_id, pool, at_start: _rerank_engine(s, model_id),
                 loads_at_start=False,
             ),
+            "transcription": EngineMaker(
+                lambda s, model_id, pool, at_start: _transcription_engine(s, model_id),
+                loads_at_start=False,
+            ),
         }
         self._slots = slots = Slots(settings, self.pool, makers)
         self._unloads = Unloads(slots)
@@ -241,6 +245,12 @@ def _rerank_engine(settings: Settings, model_id: str) -> AnyEngine:
     from mlxd.engine.rerank.engine import RerankEngine
 
     return RerankEngine(settings, model_id)
+
+
+def _transcription_engine(settings: Settings, model_id: str) -> AnyEngine:
+    from mlxd.engine.transcription.engine import TranscriptionEngine
+
+    return TranscriptionEngine(settings, model_id)
 
 
 def _embedding_engine(settings: Settings, model_id: str) -> AnyEngine:

@@ -37,6 +37,7 @@ _ROUTES = {
     "chat": "/v1/chat/completions, /v1/completions, /v1/responses or /v1/messages",
     "embedding": "/v1/embeddings",
     "rerank": "/v1/rerank",
+    "transcription": "/v1/audio/transcriptions and /v1/audio/translations",
 }
 _NONE_OF_KIND = {
     "chat": "This server has no chat model. Add a [models.<id>] table with a path "
@@ -44,6 +45,9 @@ _NONE_OF_KIND = {
     "embedding": "This server has no embedding model. Add one: a [models.<id>] table with "
     'kind = "embedding" and a path, or the built-in demo: [models.minilm] kind = '
     '"embedding" with no path (docs/configuration.md#embedding-models).',
+    "transcription": "This server has no transcription model. Add one: a [models.<id>] table "
+    'with kind = "transcription" and the path of a Whisper model '
+    "(docs/configuration.md#transcription-models).",
     "rerank": "This server has no reranker or embedding model. Add one: a [models.<id>] table "
     'with kind = "rerank" (or "embedding") and a path (docs/configuration.md#rerankers).',
 }

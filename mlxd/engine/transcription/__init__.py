@@ -1,0 +1,1 @@
+"""Speech-to-text models (``kind = "transcription"``): Whisper through mlx-audio."""

@@ -1,0 +1,33 @@
+"""The values that cross between the HTTP side and a transcription engine's thread (no MLX).
+
+A request carries decoded samples (:mod:`mlxd.engine.audio.decode`) and the
+OpenAI form's options; its outcome is a
+:class:`~mlxd.engine.audio.transcript.Transcript` or the engine's
+:class:`~mlxd.engine.messages.Failed`, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlxd.engine.audio.transcript import Transcript
+from mlxd.engine.messages import Failed
+
+
+@dataclass(frozen=True)
+class TranscriptionJob:
+    """One upload to transcribe (``task="transcribe"``) or translate into English."""
+
+    samples: np.ndarray  # float32 mono at 16 kHz
+    seconds: float
+    task: str = "transcribe"
+    language: str | None = None  # None: the model detects it
+    prompt: str | None = None
+    temperature: float = 0.0
+    words: bool = False  # word timestamps asked for
+
+
+# What a request's future resolves to.
+Transcribed = Transcript | Failed
