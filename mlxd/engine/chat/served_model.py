@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 from mlxd.config import ModelSettings
 from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.enqueue import prepare_queued_again
+from mlxd.engine.chat.hooks import OneMachine
 from mlxd.engine.chat.loading import LoadedModel, ModelLoadError
+from mlxd.engine.chat.quant_cache import with_quantized_kv
 from mlxd.engine.messages import ModelInfo
 
 if TYPE_CHECKING:
@@ -88,9 +90,13 @@ class ServedModel:
         _free_device_memory()
 
     def _load(self, model: ModelSettings) -> LoadedModel:
-        return self._core.hooks.load(
+        loaded = self._core.hooks.load(
             model, optimized_blas=self._optimized_blas, generation=self._generation
         )
+        batch = self._core.settings.batch
+        if batch.kv_bits and isinstance(self._core.hooks, OneMachine):
+            loaded = with_quantized_kv(loaded, batch.kv_bits, batch.kv_group_size)
+        return loaded
 
     def _published(self, loaded: LoadedModel) -> None:
         self.grammars = loaded.grammars
