@@ -108,6 +108,9 @@ class BatchState:
     max_active_rows_seen: int
     max_kv_bytes_seen: int
     admission_paused: str | None
+    # The loaded model's KV quantization (0: off) and its KV bytes per token of context.
+    kv_bits: int = 0
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)

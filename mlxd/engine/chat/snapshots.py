@@ -142,6 +142,8 @@ def build_snapshot(
             max_active_rows_seen=core.max_active_seen,
             max_kv_bytes_seen=sched.max_kv_seen,
             admission_paused=open_drain.reason if open_drain else None,
+            kv_bits=loaded.kv_quant[0] if loaded and loaded.kv_quant else 0,
+            kv_bytes_per_token=loaded.layout.bytes_per_token if loaded else 0,
         ),
         rows=tuple(rows),
         pending=tuple(pending),
