@@ -72,3 +72,25 @@ def test_the_serial_lane_and_the_prompt_cache_hold_quantized_caches(tiny_models,
     assert again.end.usage.cached_tokens >= 600  # the serial run's quantized cache served it
     assert snap.batch.kv_bits == kv_bits
     assert 0 < snap.prompt_cache.bytes < 600 * 1024 * (0.3 if kv_bits == 8 else 0.2)
+
+
+def test_the_disk_tier_keeps_quantized_entries_across_a_restart(tmp_path, tiny_models):
+    model = tiny_models(KV_QUANT_FAMILY)
+    first = LONG[:300]
+    turn2 = [*first, 50, 51, 52]
+    keys = {"disk_dir": str(tmp_path / "cache")}
+    with running_engine(model, batch={"kv_bits": 4}, prompt_cache=keys) as engine:
+        warm = asyncio.run(consume(engine, token_request("a", first, 4)))
+    with running_engine(model, batch={"kv_bits": 4}, prompt_cache=keys) as engine:
+        out = asyncio.run(consume(engine, token_request("b", turn2, 4)))
+        state = settled(engine).prompt_cache
+    assert warm.ok and out.ok
+    assert out.end.lookup is not None and out.end.lookup.source == "disk"
+    assert out.end.usage.cached_tokens >= len(first) - 1
+    assert state.disk_hits == 1 and state.disk_corrupt == 0
+    # Another kv_bits is another model to the disk tier: no hit, nothing dropped as corrupt.
+    with running_engine(model, batch={"kv_bits": 8}, prompt_cache=keys) as engine:
+        other = asyncio.run(consume(engine, token_request("c", turn2, 4)))
+        state = settled(engine).prompt_cache
+    assert other.ok and other.end.usage.cached_tokens == 0
+    assert state.disk_hits == 0 and state.disk_corrupt == 0

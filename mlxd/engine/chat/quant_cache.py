@@ -88,8 +88,11 @@ class QuantKVCache(QuantizedKVCache):
 
     @state.setter
     def state(self, v: Any) -> None:
+        # load_prompt_cache gives the triples back as lists.
         self._chunk = False
-        self.keys, self.values, self.offset, self.group_size, self._bits = v
+        keys, values, self.offset, self.group_size, self._bits = v
+        self.keys = tuple(keys) if keys is not None else None
+        self.values = tuple(values) if values is not None else None
 
     def size(self) -> int:
         return self.offset
