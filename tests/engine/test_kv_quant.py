@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from mlxd.engine.messages import SamplingParams
+from mlxd.engine.messages import Finished, SamplingParams
 from tests.support.engine import consume, running_engine, settled, token_request
 from tests.support.tinymodels import KV_QUANT_FAMILY
 
@@ -68,7 +68,7 @@ def test_the_serial_lane_and_the_prompt_cache_hold_quantized_caches(tiny_models,
         serial = asyncio.run(consume(engine, token_request("s", prompt, 6, sampling=seeded)))
         again = asyncio.run(consume(engine, token_request("b", prompt + serial.tokens, 6)))
         snap = settled(engine)
-    assert serial.ok and again.ok
+    assert serial.ok and isinstance(again.end, Finished)
     assert again.end.usage.cached_tokens >= 600  # the serial run's quantized cache served it
     assert snap.batch.kv_bits == kv_bits
     assert 0 < snap.prompt_cache.bytes < 600 * 1024 * (0.3 if kv_bits == 8 else 0.2)
@@ -84,7 +84,7 @@ def test_the_disk_tier_keeps_quantized_entries_across_a_restart(tmp_path, tiny_m
     with running_engine(model, batch={"kv_bits": 4}, prompt_cache=keys) as engine:
         out = asyncio.run(consume(engine, token_request("b", turn2, 4)))
         state = settled(engine).prompt_cache
-    assert warm.ok and out.ok
+    assert warm.ok and isinstance(out.end, Finished)
     assert out.end.lookup is not None and out.end.lookup.source == "disk"
     assert out.end.usage.cached_tokens >= len(first) - 1
     assert state.disk_hits == 1 and state.disk_corrupt == 0
@@ -92,5 +92,5 @@ def test_the_disk_tier_keeps_quantized_entries_across_a_restart(tmp_path, tiny_m
     with running_engine(model, batch={"kv_bits": 8}, prompt_cache=keys) as engine:
         other = asyncio.run(consume(engine, token_request("c", turn2, 4)))
         state = settled(engine).prompt_cache
-    assert other.ok and other.end.usage.cached_tokens == 0
+    assert isinstance(other.end, Finished) and other.end.usage.cached_tokens == 0
     assert state.disk_hits == 0 and state.disk_corrupt == 0

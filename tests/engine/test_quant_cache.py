@@ -34,7 +34,7 @@ def _close(full: BatchKVCache, quant: BatchQuantKVCache) -> None:
         back = mx.dequantize(*q, group_size=64, bits=8)
         assert back.shape == a.shape
         # Padding slots: zeros in both; held slots: within 8-bit error of the value.
-        assert mx.max(mx.abs(back - a)).item() < 0.05
+        assert float(mx.max(mx.abs(back - a)).item()) < 0.05
 
 
 def test_the_quantized_batch_cache_follows_the_batch_cache_through_its_life():
@@ -73,8 +73,9 @@ def test_the_quantized_batch_cache_follows_the_batch_cache_through_its_life():
     for i in range(3):
         one_full, one_q = full.extract(i), quant.extract(i)
         assert isinstance(one_q, QuantKVCache) and one_q.offset == one_full.offset
+        assert one_q.keys is not None and one_full.keys is not None
         back = mx.dequantize(*one_q.keys, group_size=64, bits=8)
-        assert mx.max(mx.abs(back - one_full.keys)).item() < 0.05
+        assert float(mx.max(mx.abs(back - one_full.keys)).item()) < 0.05
     assert 0 < quant.nbytes < full.nbytes * 0.3
 
 

@@ -154,3 +154,16 @@ def test_long_latencies_read_in_seconds() -> None:
     assert (ms(0.042), ms(1.25), ms(9.9994), ms(46.456), ms(None)) == (
         "42 ms", "1,250 ms", "9,999 ms", "46.5 s", "—"
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------- the memory panel
+
+
+def test_memory_panel_says_when_the_kv_cache_is_quantized() -> None:
+    from mlxd.dashboard import status
+
+    batch = {"kv_bytes": 2048, "kv_budget_bytes": 4096}
+    snap = {"model": {"name": "m", "weights_bytes": 1, "dtype": "float32"}, "batch": batch}
+    assert status.memory(snap, 0.0)["kv_bits"] == ""
+    snap["batch"] = batch | {"kv_bits": 8, "kv_bytes_per_token": 288}
+    assert status.memory(snap, 0.0)["kv_bits"] == "8-bit KV, 288 B/token"

@@ -169,7 +169,9 @@ def measure_layout(model: Any, caches: list[Any] | None = None) -> tuple[CacheLa
         if isinstance(keys, tuple):  # quantized: values, scales and biases
             keys = keys[0]
         if keys is not None and hasattr(keys, "shape"):
-            parts = [a for kv in (c.keys, c.values) for a in (kv if isinstance(kv, tuple) else [kv])]
+            parts = [
+                a for kv in (c.keys, c.values) for a in (kv if isinstance(kv, tuple) else [kv])
+            ]
             per_token = sum(a.nbytes for a in parts) // keys.shape[2]
             window = getattr(c, "max_size", None)
             if window:

@@ -15,7 +15,7 @@ Both store every token quantized the moment it is written. A decode step (one
 token) attends with mlx-lm's quantized attention; a prefill chunk (more than
 one token) attends over the *dequantized* keys and values instead (the
 ``bits`` attribute that selects mlx-lm's quantized path is hidden for that
-call): the quantized path materializes the chunk × context score matrix,
+call): the quantized path materializes the chunk x context score matrix,
 which raised peak memory above full precision (mlx-lm #1587), while the
 dequantized copy is one layer's keys and values, freed layer by layer.
 Either way attention reads the same quantized values.
@@ -28,7 +28,7 @@ precision. :func:`fresh_cache` builds a row's cache; :func:`register` makes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx.utils import tree_map
@@ -46,7 +46,7 @@ Triple = tuple[mx.array, mx.array, mx.array]
 _STEP = 256
 
 
-def _dequantize(q: Triple, group_size: int, bits: int) -> mx.array:
+def _dequantize(q: Any, group_size: int, bits: int) -> mx.array:
     return mx.dequantize(*q, group_size=group_size, bits=bits)
 
 
@@ -94,7 +94,7 @@ class QuantKVCache(QuantizedKVCache):
         self.keys = tuple(keys) if keys is not None else None
         self.values = tuple(values) if values is not None else None
 
-    def size(self) -> int:
+    def size(self) -> int:  # pyright: ignore[reportIncompatibleMethodOverride]
         return self.offset
 
     @property
@@ -139,7 +139,7 @@ class BatchQuantKVCache(BatchKVCache):
                     return new  # type: ignore[return-value]
                 if prev % _STEP != 0:
                     old = tree_map(lambda a: a[..., :prev, :], old)
-                return tuple(mx.concatenate([o, z], axis=2) for o, z in zip(old, new))  # type: ignore[return-value]
+                return tuple(mx.concatenate([o, z], axis=2) for o, z in zip(old, new, strict=True))  # type: ignore[return-value]
 
             qk = mx.quantize(keys, group_size=g, bits=b)
             qv = mx.quantize(values, group_size=g, bits=b)
@@ -184,7 +184,7 @@ class BatchQuantKVCache(BatchKVCache):
             self.keys, self.values = tree_map(lambda a: a[batch_indices], (self.keys, self.values))
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
-        shift = min(self.left_padding.tolist())
+        shift = min(cast(list[int], self.left_padding.tolist()))
         if shift > 0:
             if self.keys is not None:
                 self.keys, self.values = tree_map(
@@ -207,9 +207,7 @@ class BatchQuantKVCache(BatchKVCache):
             out = []
             for mine, ref in ((c.keys, like.keys), (c.values, like.values)):
                 if mine is None:
-                    mine = tuple(
-                        mx.zeros((rows, a.shape[1], 0, a.shape[3]), a.dtype) for a in ref
-                    )
+                    mine = tuple(mx.zeros((rows, a.shape[1], 0, a.shape[3]), a.dtype) for a in ref)
                 left = idx - c._idx
                 right = size - mine[0].shape[2] - left
                 if right < 0:
@@ -221,16 +219,16 @@ class BatchQuantKVCache(BatchKVCache):
             return out[0], out[1], c.offset, c.left_padding + (idx - c._idx)
 
         a, b = pad(self), pad(other)
-        self.keys = tuple(mx.concatenate([x, y]) for x, y in zip(a[0], b[0]))
-        self.values = tuple(mx.concatenate([x, y]) for x, y in zip(a[1], b[1]))
+        self.keys = tuple(mx.concatenate([x, y]) for x, y in zip(a[0], b[0], strict=True))
+        self.values = tuple(mx.concatenate([x, y]) for x, y in zip(a[1], b[1], strict=True))
         self.offset = mx.concatenate([a[2], b[2]])
         self.left_padding = mx.concatenate([a[3], b[3]])
         self._idx = idx
 
-    def extract(self, idx: int) -> QuantKVCache:
+    def extract(self, idx: int) -> QuantKVCache:  # pyright: ignore[reportIncompatibleMethodOverride]
         cache = QuantKVCache(self.group_size, self._bits)
         mx.eval(self.left_padding)
-        pad = self.left_padding.tolist()[idx]
+        pad = cast(list[int], self.left_padding.tolist())[idx]
         cache.keys, cache.values = tree_map(
             lambda a: mx.contiguous(a[idx : idx + 1, :, pad : self._idx]), (self.keys, self.values)
         )
@@ -253,11 +251,11 @@ class BatchQuantKVCache(BatchKVCache):
             out = tuple(
                 mx.zeros((len(caches), a.shape[1], longest, a.shape[3]), a.dtype) for a in like
             )
-            for i, (p, c) in enumerate(zip(padding, caches)):
+            for i, (p, c) in enumerate(zip(padding, caches, strict=True)):
                 mine = getattr(c, part)
                 if mine is None:
                     continue
-                for o, a in zip(out, mine):
+                for o, a in zip(out, mine, strict=True):
                     o[i : i + 1, :, p : p + c.offset] = a[..., : c.offset, :]
             return out  # type: ignore[return-value]
 
@@ -273,7 +271,7 @@ class BatchQuantKVCache(BatchKVCache):
 
 
 def quantize_caches(caches: list[Any], group_size: int, bits: int) -> list[Any]:
-    """``caches`` with every empty full-attention ``KVCache`` replaced by a :class:`QuantKVCache`."""
+    """``caches``, every empty full-attention ``KVCache`` now a :class:`QuantKVCache`."""
     out: list[Any] = []
     for c in caches:
         if isinstance(c, CacheList):

@@ -94,8 +94,12 @@ class ServedModel:
             model, optimized_blas=self._optimized_blas, generation=self._generation
         )
         batch = self._core.settings.batch
-        if batch.kv_bits and isinstance(self._core.hooks, OneMachine):
-            loaded = with_quantized_kv(loaded, batch.kv_bits, batch.kv_group_size)
+        if batch.kv_bits:
+            # Not in a cluster (every rank would have to agree) nor through mlx-vlm.
+            if isinstance(self._core.hooks, OneMachine) and loaded.vision is None:
+                loaded = with_quantized_kv(loaded, batch.kv_bits, batch.kv_group_size)
+            else:
+                logger.warning("[batch] kv_bits is ignored for this model (cluster or vision)")
         return loaded
 
     def _published(self, loaded: LoadedModel) -> None:
