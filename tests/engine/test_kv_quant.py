@@ -5,9 +5,13 @@ answers stay answers, and both lanes and the prompt cache take the quantized for
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
+from mlxd.config import ConfigError, load_settings
+from mlxd.engine.chat.loading import ModelLoadError
+from mlxd.engine.chat.quant_load import with_quantized_kv
 from mlxd.engine.messages import Finished, SamplingParams
 from tests.support.engine import consume, running_engine, settled, token_request
 from tests.support.tinymodels import KV_QUANT_FAMILY
@@ -94,3 +98,17 @@ def test_the_disk_tier_keeps_quantized_entries_across_a_restart(tmp_path, tiny_m
         state = settled(engine).prompt_cache
     assert isinstance(other.end, Finished) and other.end.usage.cached_tokens == 0
     assert state.disk_hits == 0 and state.disk_corrupt == 0
+
+
+def test_a_group_that_does_not_divide_the_heads_fails_the_load_naming_the_keys(tiny_loaded):
+    model, _ = tiny_loaded("llama")  # 16-wide heads
+    with pytest.raises(ModelLoadError, match="kv_bits = 8 with kv_group_size = 64"):
+        with_quantized_kv(SimpleNamespace(model=model), 8, 64)  # type: ignore[arg-type]
+
+
+def test_kv_bits_takes_only_what_mlx_can_quantize():
+    with pytest.raises(ConfigError):
+        load_settings(None, overrides={"batch": {"kv_bits": 6}})
+    with pytest.raises(ConfigError):
+        load_settings(None, overrides={"batch": {"kv_group_size": 16}})
+    assert load_settings(None, overrides={"batch": {"kv_bits": 4}}).batch.kv_bits == 4

@@ -296,32 +296,3 @@ def fresh_cache(model: Any, kv_quant: tuple[int, int] | None) -> list[Any]:
 def register() -> None:
     """Let ``load_prompt_cache`` (it looks classes up by name in its module) rebuild ours."""
     setattr(mlx_cache, QuantKVCache.__name__, QuantKVCache)
-
-
-def with_quantized_kv(loaded: Any, bits: int, group_size: int) -> Any:
-    """``loaded`` with its KV cache quantized: the layout (bytes per token) measured anew.
-
-    Raises:
-        ModelLoadError: ``group_size`` does not divide a quantized layer's head size.
-    """
-    from dataclasses import replace
-
-    from mlxd.engine.chat.kv_caches import flatten
-    from mlxd.engine.chat.loading import ModelLoadError, cache_facts, measure_layout
-
-    register()
-    kv_quant = (bits, group_size)
-    try:
-        layout, _ = measure_layout(loaded.model, fresh_cache(loaded.model, kv_quant))
-    except ValueError as exc:
-        raise ModelLoadError(
-            f"[batch] kv_bits = {bits} with kv_group_size = {group_size} does not fit "
-            f"this model's attention heads: {exc}"
-        ) from exc
-    fresh = fresh_cache(loaded.model, kv_quant)
-    classes, rewindable = cache_facts(fresh)
-    if not any(isinstance(c, QuantKVCache) for c in flatten(fresh)):
-        return loaded  # no full-attention layer: nothing to quantize
-    return replace(
-        loaded, layout=layout, cache_classes=classes, rewindable=rewindable, kv_quant=kv_quant
-    )

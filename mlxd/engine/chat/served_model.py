@@ -19,7 +19,7 @@ from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.enqueue import prepare_queued_again
 from mlxd.engine.chat.hooks import OneMachine
 from mlxd.engine.chat.loading import LoadedModel, ModelLoadError
-from mlxd.engine.chat.quant_cache import with_quantized_kv
+from mlxd.engine.chat.quant_load import with_quantized_kv
 from mlxd.engine.messages import ModelInfo
 
 if TYPE_CHECKING:
