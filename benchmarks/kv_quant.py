@@ -23,7 +23,7 @@ greedy token agrees and the mean absolute difference of the reference
 token's logprob.
 
 Usage: ``python benchmarks/kv_quant.py peak [--lengths 4096,16384,32768]
-[--step 512] [--model DIR]`` and ``python benchmarks/kv_quant.py quality
+[--step 512] [--model DIR] [--kinds full,q8,q4,stock8]`` and ``python benchmarks/kv_quant.py quality
 [--model DIR] [--tokens 32]``. Markdown to stdout. On Linux, preload OpenBLAS
 (docs/performance.md) or the reference BLAS makes the long prefills slow.
 """
@@ -71,7 +71,7 @@ def _tiny() -> Path:
 def peak(args: argparse.Namespace) -> None:
     model, _ = load(str(args.model or _tiny()))
     vocab = model.args.vocab_size
-    kinds = ["full", "q8", "q4", "stock8"]
+    kinds = args.kinds
     print(f"| prompt tokens | {' | '.join(kinds)} |  (peak MiB above weights / KV MiB held)")
     print(f"| --- | {' | '.join('---' for _ in kinds)} |")
     for n in args.lengths:
@@ -90,7 +90,7 @@ def peak(args: argparse.Namespace) -> None:
             top = mx.get_peak_memory() - base
             took = time.perf_counter() - started
             cells.append(f"{top / 2**20:.0f} / {held / 2**20:.0f}")
-            print(f"  {n} {kind}: {took:.1f}s", file=sys.stderr)
+            print(f"  {n} {kind}: {took:.1f}s, {cells[-1]} MiB", file=sys.stderr, flush=True)
             del cache
         print(f"| {n} | {' | '.join(cells)} |", flush=True)
 
@@ -145,12 +145,14 @@ def main() -> None:
     p.add_argument("--lengths", default="4096,16384,32768")
     p.add_argument("--step", type=int, default=512)
     p.add_argument("--model", type=Path)
+    p.add_argument("--kinds", default="full,q8,q4,stock8", help="full, q8, q4, stock8")
     q = sub.add_parser("quality")
     q.add_argument("--model", type=Path)
     q.add_argument("--tokens", type=int, default=32)
     args = parser.parse_args()
     if args.what == "peak":
         args.lengths = [int(x) for x in args.lengths.split(",")]
+        args.kinds = args.kinds.split(",")
         peak(args)
     else:
         quality(args)
