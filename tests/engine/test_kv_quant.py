@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlxd.config import ConfigError, load_settings
+from mlxd.config.registry import for_model
 from mlxd.engine.chat.loading import ModelLoadError
 from mlxd.engine.chat.quant_load import with_quantized_kv
 from mlxd.engine.messages import Finished, SamplingParams
@@ -112,3 +113,9 @@ def test_kv_bits_takes_only_what_mlx_can_quantize():
     with pytest.raises(ConfigError):
         load_settings(None, overrides={"batch": {"kv_group_size": 16}})
     assert load_settings(None, overrides={"batch": {"kv_bits": 4}}).batch.kv_bits == 4
+    models = {"a": {"path": "/a", "default": True, "batch": {"kv_bits": 8}}, "b": {"path": "/b"}}
+    settings = load_settings(None, overrides={"models": models})
+    assert (for_model(settings, "a").batch.kv_bits, for_model(settings, "b").batch.kv_bits) == (
+        8,
+        0,
+    )
