@@ -109,6 +109,18 @@ class BatchSettings(Section):
         "Generated tokens counted per row when projecting KV bytes at admission.",
         ge=1,
     )
+    kv_bits: Literal[0, 4, 8] = _field(
+        0,
+        "restart",
+        "Quantize the KV cache of full-attention layers to 8 or 4 bits; 0 keeps the "
+        "model's dtype. Read when the model loads.",
+    )
+    kv_group_size: Literal[32, 64, 128] = _field(
+        64,
+        "restart",
+        "Values per quantization group (one scale and bias each) when kv_bits is set; "
+        "must divide the model's head_dim.",
+    )
 
 
 LaneChoice = Literal["batch", "serial"]

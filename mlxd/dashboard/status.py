@@ -109,6 +109,14 @@ def kv_gauge(s: dict[str, Any], now: float) -> Formatted:
     }
 
 
+def _kv_bits(b: dict[str, Any]) -> str:
+    """ "8-bit KV, 288 B/token" when the KV cache is quantized ([batch] kv_bits), else ""."""
+    bits = b.get("kv_bits") or 0
+    if not bits:
+        return ""
+    return f"{bits}-bit KV, {b.get('kv_bytes_per_token', 0)} B/token"
+
+
 def memory(s: dict[str, Any], now: float) -> Formatted:
     m, model, b = s.get("memory") or {}, s["model"], s["batch"]
     proc = s.get("process") or {}
@@ -122,6 +130,7 @@ def memory(s: dict[str, Any], now: float) -> Formatted:
         "dtype": model.get("dtype") or "—",
         "kv": human_bytes(b["kv_bytes"]),
         "kv_budget": human_bytes(b["kv_budget_bytes"]),
+        "kv_bits": _kv_bits(b),
         "active_width": bar_width(m.get("active_bytes", 0), m.get("peak_bytes", 0)),
         "scope": _scope(s),
     }

@@ -115,6 +115,9 @@ class BatchState:
     spec_mode: str = "off"
     spec_depth: int = 0
     spec_acceptance: float = 0.0
+    # The loaded model's KV quantization (0: off) and its KV bytes per token of context.
+    kv_bits: int = 0
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)

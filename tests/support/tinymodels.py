@@ -16,6 +16,8 @@ Families and their per-layer prompt caches (see :func:`expected_cache_layout`):
   and SSM state) and full attention (``KVCache``); dense MLP (``num_experts: 0``).
 - ``mamba2``: 4 SSM layers, ``ArraysCache`` only.
 - ``falcon_h1``: 2 parallel attention+SSM layers, ``CacheList(ArraysCache, KVCache)``.
+- ``llama_kvq`` (``KV_QUANT_FAMILY``, not in ``FAMILIES``): a 2-layer llama with 64-wide
+  heads, which MLX can quantize (``[batch] kv_bits``).
 
 Chat-template variants (``template=``, default ``"chatml"``): the same weights and tokenizer
 with a tools-capable template, for tool-calling and reasoning tests:
@@ -51,6 +53,7 @@ __all__ = [
     "CONTENT_VERSION",
     "EOS_TOKEN",
     "FAMILIES",
+    "KV_QUANT_FAMILY",
     "LONG_CONTEXT_FAMILY",
     "SLIDING_WINDOW",
     "SPECIAL_TOKENS",
@@ -330,7 +333,21 @@ _FAMILY_CONFIGS[LONG_CONTEXT_FAMILY] = {
     "max_position_embeddings": 131072,
 }
 
-FAMILIES: tuple[str, ...] = tuple(f for f in _FAMILY_CONFIGS if f != LONG_CONTEXT_FAMILY)
+# A llama whose heads are 64 wide, as MLX's KV quantization needs (its groups are 32, 64
+# or 128 values; the llama's 16-wide heads cannot be quantized): quantized-KV tests.
+# Not in FAMILIES either.
+KV_QUANT_FAMILY = "llama_kvq"
+_FAMILY_CONFIGS[KV_QUANT_FAMILY] = {
+    **_FAMILY_CONFIGS["llama"],
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+}
+
+FAMILIES: tuple[str, ...] = tuple(
+    f for f in _FAMILY_CONFIGS if f not in (LONG_CONTEXT_FAMILY, KV_QUANT_FAMILY)
+)
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 

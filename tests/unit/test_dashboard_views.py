@@ -268,3 +268,16 @@ def test_speculation_shows_its_acceptance_once_on_and_nothing_while_off() -> Non
         "per_verify": "2.5",
         "depth": "3",
     }
+
+
+# ---------------------------------------------------------------- the memory panel
+
+
+def test_memory_panel_says_when_the_kv_cache_is_quantized() -> None:
+    from mlxd.dashboard import status
+
+    batch = {"kv_bytes": 2048, "kv_budget_bytes": 4096}
+    snap = {"model": {"name": "m", "weights_bytes": 1, "dtype": "float32"}, "batch": batch}
+    assert status.memory(snap, 0.0)["kv_bits"] == ""
+    snap["batch"] = batch | {"kv_bits": 8, "kv_bytes_per_token": 288}
+    assert status.memory(snap, 0.0)["kv_bits"] == "8-bit KV, 288 B/token"

@@ -20,6 +20,7 @@ from mlxd.engine.chat.checkpoints import segments
 from mlxd.engine.chat.kv_caches import normalize
 from mlxd.engine.chat.loading import LoadedModel
 from mlxd.engine.chat.prefill_pace import PrefillPace
+from mlxd.engine.chat.quant_cache import fresh_cache
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.sampling import (
     build_processors,
@@ -144,6 +145,8 @@ class BatchLane:
         if row.images is not None:
             processors = [guard_tokens(p, row.images.placeholder) for p in processors]
         start = len(row.prompt) - len(rest)
+        if cache is None and self._loaded.kv_quant is not None:
+            cache = fresh_cache(self._loaded.model, self._loaded.kv_quant)
         # The vision tower runs here, between two steps, for images still to prefill.
         hold(self._loaded.model, row, rest)
         try:
@@ -151,9 +154,7 @@ class BatchLane:
                 [segments(rest, start, [p for p, _ in row.checkpoints])],
                 max_tokens=[row.tokens_left],
                 caches=[cache] if cache is not None else None,
-                all_tokens=[row.prompt[: len(row.prompt) - len(rest)]]
-                if cache is not None
-                else None,
+                all_tokens=[row.prompt[:start]] if cache is not None else None,
                 samplers=[guard_sampler(row, sampler)] if sampler else None,
                 logits_processors=[[guard_processor(row, p) for p in processors]],
             )

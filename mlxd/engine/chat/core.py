@@ -281,7 +281,10 @@ class EngineCore:
         if loaded is None or not on or not self.hooks.disk_tier:
             return None
         try:
-            identity = model_identity(loaded.info.path, loaded.info.dtype, loaded.cache_classes)
+            dtype = loaded.info.dtype
+            if loaded.kv_quant is not None:  # entries of other KV bits are not this model's
+                dtype += "+kv{}g{}".format(*loaded.kv_quant)
+            identity = model_identity(loaded.info.path, dtype, loaded.cache_classes)
             return DiskTier(
                 root,
                 identity,

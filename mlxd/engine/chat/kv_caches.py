@@ -25,9 +25,19 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    BatchKVCache,
+    CacheList,
+    KVCache,
+    QuantizedKVCache,
+    trim_prompt_cache,
+)
+
+from mlxd.engine.chat.quant_cache import QuantKVCache
 
 _STEP = 256
+# One sequence's full-attention caches (a quantized one too: mlxd.engine.chat.quant_cache).
+_SINGLE = (KVCache, QuantizedKVCache, QuantKVCache)
 
 
 def _leaves(caches: Iterable[Any]) -> Iterator[Any]:
@@ -38,9 +48,18 @@ def _leaves(caches: Iterable[Any]) -> Iterator[Any]:
             yield c
 
 
+def _slots(keys: Any) -> int:
+    """The token slots of a cache's keys (a quantized cache's are a triple)."""
+    return (keys[0] if isinstance(keys, tuple) else keys).shape[2]
+
+
 def _cut(cache: Any, length: int) -> None:
-    cache.keys = mx.contiguous(cache.keys[..., :length, :])
-    cache.values = mx.contiguous(cache.values[..., :length, :])
+    def cut(a: Any) -> Any:
+        if isinstance(a, tuple):
+            return tuple(mx.contiguous(x[..., :length, :]) for x in a)
+        return mx.contiguous(a[..., :length, :])
+
+    cache.keys, cache.values = cut(cache.keys), cut(cache.values)
     mx.eval(cache.keys, cache.values)
 
 
@@ -49,7 +68,7 @@ def compact(caches: list[Any] | None) -> None:
     if not caches:
         return
     for c in _leaves(caches):
-        if type(c) is KVCache and c.keys is not None and c.keys.shape[2] > c.offset:
+        if type(c) in _SINGLE and c.keys is not None and _slots(c.keys) > c.offset:
             _cut(c, c.offset)
 
 
@@ -62,11 +81,11 @@ def normalize(caches: Iterable[Any]) -> None:
     for c in _leaves(caches):
         if isinstance(c, BatchKVCache):
             position = c._idx
-        elif type(c) is KVCache:
+        elif type(c) in _SINGLE:
             position = c.offset
         else:
             continue
-        if c.keys is not None and position % _STEP == 0 and c.keys.shape[2] > position:
+        if c.keys is not None and position % _STEP == 0 and _slots(c.keys) > position:
             _cut(c, position)
 
 

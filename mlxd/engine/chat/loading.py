@@ -62,6 +62,8 @@ class LoadedModel:
     vision: Processor | None = None
     # [speculative] mode = "draft": the draft model (mlxd.engine.chat.speculative.drafter).
     draft: Any = None
+    # (bits, group size) of its quantized KV cache (mlxd.engine.chat.quant_cache); None: off.
+    kv_quant: tuple[int, int] | None = None
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:
@@ -117,7 +119,7 @@ def _read_template(value: str) -> str:
 
 
 # Caches that can be cut back to any shorter prefix, whatever they hold.
-_REWINDABLE = {"KVCache", "QuantizedKVCache", "ConcatenateKVCache"}
+_REWINDABLE = {"KVCache", "QuantizedKVCache", "QuantKVCache", "ConcatenateKVCache"}
 
 
 def cache_facts(caches: list[Any]) -> tuple[tuple[str, ...], bool]:
@@ -168,7 +170,7 @@ def _grammars(tokenizer: Any, width: int) -> Grammars | None:
     return grammars
 
 
-def measure_layout(model: Any) -> tuple[CacheLayout, int]:
+def measure_layout(model: Any, caches: list[Any] | None = None) -> tuple[CacheLayout, int]:
     """Measure each layer's cache by running one token through a fresh cache.
 
     Measuring (rather than reading the config) gets the activation dtype and
@@ -176,7 +178,7 @@ def measure_layout(model: Any) -> tuple[CacheLayout, int]:
     the width of the logits (the vocabulary, padded), which bounds every
     token id a request may carry.
     """
-    caches = make_prompt_cache(model)
+    caches = make_prompt_cache(model) if caches is None else caches
     logits = model(mx.array([[0]]), cache=caches)
     width = int(logits.shape[-1])
     flat = flatten(caches)
@@ -184,8 +186,13 @@ def measure_layout(model: Any) -> tuple[CacheLayout, int]:
     layers = []
     for c in flat:
         keys = getattr(c, "keys", None)
+        if isinstance(keys, tuple):  # quantized: values, scales and biases
+            keys = keys[0]
         if keys is not None and hasattr(keys, "shape"):
-            per_token = (c.keys.nbytes + c.values.nbytes) // keys.shape[2]
+            parts = [
+                a for kv in (c.keys, c.values) for a in (kv if isinstance(kv, tuple) else [kv])
+            ]
+            per_token = sum(a.nbytes for a in parts) // keys.shape[2]
             window = getattr(c, "max_size", None)
             if window:
                 layers.append(LayerLayout("window", bytes_per_token=per_token, window=int(window)))

@@ -20,12 +20,12 @@ from typing import Any, Literal
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
-from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.engine.chat.checkpoints import segments
 from mlxd.engine.chat.grammar import GrammarFailure
 from mlxd.engine.chat.kv_caches import normalize
 from mlxd.engine.chat.loading import LoadedModel
+from mlxd.engine.chat.quant_cache import fresh_cache
 from mlxd.engine.chat.row import Row
 from mlxd.engine.chat.sampling import (
     build_processors,
@@ -85,7 +85,7 @@ class SerialRun:
         self._model = loaded.model
         self._step_size = prefill_step_size
         self._on_checkpoint = on_checkpoint
-        self.cache = cache if cache is not None else make_prompt_cache(loaded.model)
+        self.cache = cache if cache is not None else fresh_cache(loaded.model, loaded.kv_quant)
         sampler = build_sampler(row.request, loaded.info.vocab_size)
         processors = build_processors(row.request, faults=faults, constraint=row.matcher)
         if row.images is not None:

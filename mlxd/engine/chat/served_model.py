@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 from mlxd.config import ModelSettings, SpeculativeSettings
 from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.enqueue import prepare_queued_again
+from mlxd.engine.chat.hooks import OneMachine
 from mlxd.engine.chat.loading import LoadedModel, ModelLoadError
 from mlxd.engine.chat.speculative.drafter import attach_draft
+from mlxd.engine.chat.quant_load import with_quantized_kv
 from mlxd.engine.messages import ModelInfo
 
 if TYPE_CHECKING:
@@ -94,6 +96,13 @@ class ServedModel:
         loaded = self._core.hooks.load(
             model, optimized_blas=self._optimized_blas, generation=self._generation
         )
+        batch = self._core.settings.batch
+        if batch.kv_bits:
+            # Not in a cluster (every rank would have to agree) nor through mlx-vlm.
+            if isinstance(self._core.hooks, OneMachine) and loaded.vision is None:
+                loaded = with_quantized_kv(loaded, batch.kv_bits, batch.kv_group_size)
+            else:
+                logger.warning("[batch] kv_bits is ignored for this model (cluster or vision)")
         return attach_draft(loaded, speculative)
 
     def _published(self, loaded: LoadedModel) -> None:

@@ -159,6 +159,8 @@ def build_snapshot(
             max_kv_bytes_seen=sched.max_kv_seen,
             admission_paused=open_drain.reason if open_drain else None,
             **_speculation(core),
+            kv_bits=loaded.kv_quant[0] if loaded and loaded.kv_quant else 0,
+            kv_bytes_per_token=loaded.layout.bytes_per_token if loaded else 0,
         ),
         rows=tuple(rows),
         pending=tuple(pending),
