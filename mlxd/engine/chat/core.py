@@ -326,13 +326,9 @@ class EngineCore:
         cluster (every rank would have to keep it alike) nor for a row with
         images.
         """
-        if (
-            tokens is None
-            or cache is None
-            or row.first_token_mono is not None
-            or row.images is not None
-            or not self.hooks.checkpoints
-        ):
+        if tokens is None or cache is None or row.first_token_mono is not None:
+            return
+        if row.images is not None or not self.hooks.checkpoints:
             return
         n = len(tokens)
         if not row.cached_tokens < n < len(row.prompt) or list(tokens) != row.prompt[:n]:

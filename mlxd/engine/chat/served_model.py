@@ -19,8 +19,8 @@ from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.enqueue import prepare_queued_again
 from mlxd.engine.chat.hooks import OneMachine
 from mlxd.engine.chat.loading import LoadedModel, ModelLoadError
-from mlxd.engine.chat.speculative.drafter import attach_draft
 from mlxd.engine.chat.quant_load import with_quantized_kv
+from mlxd.engine.chat.speculative.drafter import attach_draft
 from mlxd.engine.messages import ModelInfo
 
 if TYPE_CHECKING:
