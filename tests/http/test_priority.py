@@ -207,7 +207,8 @@ def test_a_preempted_constrained_row_resumes_its_grammar_logprobs_and_stops(daem
     }
     alone = chat(daemon, "sk-indexer", **body)
     assert alone.status_code == 200, alone.text
-    assert alone.json()["usage"]["completion_tokens"] == 600  # long enough to be caught
+    # Long enough to be caught (it ends by itself: the integer's digits are bounded).
+    assert alone.json()["usage"]["completion_tokens"] >= 300
     daemon.write_config(config(llama, preempt=True))
     assert daemon.reload().json()["outcome"] == "applied"
     try:
