@@ -147,7 +147,6 @@ def test_image_rows_of_several_sizes_batched_with_text_give_mlx_vlms_answers(qwe
     with running_engine(qwen, batch={"size": 5}, prompt_cache={"max_entries": 0}) as engine:
         (alone,) = run_all(engine, [text("t0", "hello there")])
         together = run_all(engine, requests)
-        (thin,) = run_all(engine, [ask("thin", png((1, 2, 3), (402, 2)))])
     out = {r.id: o for r, o in zip(requests, together, strict=True)}
     assert all(o.ok for o in together), [o.end for o in together]
     assert {o.accepted.lane for o in together} == {"batch"}  # type: ignore[union-attr]
@@ -159,9 +158,12 @@ def test_image_rows_of_several_sizes_batched_with_text_give_mlx_vlms_answers(qwe
     usage = {rid: o.end.usage.prompt_tokens for rid, o in out.items()}  # type: ignore[union-attr]
     assert usage["blue"] - usage["red"] == 4
     assert usage["red"] == len(tokenize_with_images(loaded, requests[0])[0])
-    # An image the processor cannot take (aspect ratio past 200): a 400 naming the part.
-    assert isinstance(thin.accepted, Failed) and thin.accepted.status == 400
-    assert thin.accepted.param == "messages[0].content[1]" and "aspect" in thin.accepted.message
+    # An image the processor cannot take (aspect ratio past 200) is refused from its
+    # header, before it reaches the engine ([limits] image_aspect_ratio, issue 34).
+    from mlxd.engine.images import ImageError
+
+    with pytest.raises(ImageError, match="image_aspect_ratio"):
+        ask("thin", png((1, 2, 3), (402, 2)))
 
 
 def second_turn(first_answer: str, image: bytes, rid: str) -> GenerationRequest:
