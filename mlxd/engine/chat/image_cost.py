@@ -18,11 +18,11 @@ header says (the older check), so nothing is refused that was taken before.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mlxd.engine.chat.mrope_layout import smart_resize as qwen_resize
 from mlxd.engine.images import ImageError, ImagePart
 from mlxd.engine.messages import Failed
 from mlxd.engine.policy import admission
@@ -100,7 +100,7 @@ def fixed_cost(processor: Any, width: int, height: int) -> ImageCost:
 def smart_resize(
     height: int, width: int, factor: int, min_pixels: int, max_pixels: int
 ) -> tuple[int, int]:
-    """Qwen-VL's resize: each edge a multiple of ``factor``, the area within the range.
+    """Qwen-VL's resize (:func:`mlxd.engine.chat.mrope_layout.smart_resize`).
 
     Raises:
         ValueError: the longer edge is more than 200 times the shorter, which
@@ -111,17 +111,7 @@ def smart_resize(
             f"the model's processor takes images at most {QWEN_MAX_RATIO} times as wide as "
             f"high (or high as wide); this one is {width}x{height}"
         )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return qwen_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
 
 
 def qwen_cost(processor: Any, width: int, height: int) -> ImageCost:

@@ -117,8 +117,8 @@ def smart_resize(
     """
     if min(height, width) < 1 or max(height, width) / min(height, width) > 200:
         raise ValueError(f"an image of {width}x{height} has an aspect ratio past 200")
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
+    h_bar = round(height / factor) * factor  # 0 for an edge under factor / 2: then min_pixels
+    w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
         beta = math.sqrt((height * width) / max_pixels)
         h_bar = max(factor, math.floor(height / beta / factor) * factor)
