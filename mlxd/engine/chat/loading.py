@@ -24,6 +24,7 @@ from mlxd.engine.chat.vision_loading import vision_unsupported, wants_vision
 from mlxd.engine.messages import ModelInfo
 from mlxd.engine.policy.admission import CacheLayout, LayerLayout
 from mlxd.engine.policy.lanes import Capabilities
+from mlxd.engine.weights import nbytes
 
 if TYPE_CHECKING:
     from mlxd.engine.chat.grammar import Grammars
@@ -278,16 +279,8 @@ def load_model(
         or 4096
     )
     context = settings.max_context or int(declared)
-    # mlx.utils is unannotated: a sum of ints from 0 is an int.
     # A vision model's weights include the vision tower's and the projector's.
-    weights = cast(
-        int,
-        tree_reduce(
-            lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc,
-            model.vlm if vision is not None else model,
-            0,
-        ),
-    )
+    weights = nbytes(model.vlm if vision is not None else model)
     layout, logits_width = measure_layout(model)
     fresh = make_prompt_cache(model)
     capabilities = _capabilities(fresh)

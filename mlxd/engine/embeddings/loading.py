@@ -19,12 +19,12 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_reduce
 
 from mlxd.config import ModelSettings
 from mlxd.engine.chat.loading import ModelLoadError, describe_dtype, max_token_chars
 from mlxd.engine.embeddings.jobs import normalize
 from mlxd.engine.embeddings.messages import EmbeddingInfo
+from mlxd.engine.weights import nbytes
 from mlxd.modelcheck import embeddings_install_hint
 
 logger = logging.getLogger(__name__)
@@ -225,10 +225,7 @@ def load_embedding(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
     encode = make_encoder(tokenizer)
     probe = encode(["mlxd"])[0]
     dims = int(run_pass(model, [probe], pad).shape[-1])
-    weights = int(
-        tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0)
-        or 0
-    )
+    weights = nbytes(model)
     info = EmbeddingInfo(
         id=model_id,
         path=str(path),

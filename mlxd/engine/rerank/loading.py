@@ -30,7 +30,6 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_reduce
 
 from mlxd.config import ModelSettings
 from mlxd.engine.chat.loading import ModelLoadError, describe_dtype
@@ -42,6 +41,7 @@ from mlxd.engine.embeddings.loading import (
 )
 from mlxd.engine.embeddings.messages import EmbeddingInfo
 from mlxd.engine.rerank.pairs import PAIR_SEP, split_pair
+from mlxd.engine.weights import nbytes
 
 logger = logging.getLogger(__name__)
 
@@ -96,10 +96,7 @@ def load_reranker(settings: ModelSettings, model_id: str) -> LoadedEmbedding:
         model, hf, forward, pad = _yes_no_lm(path)
         context = settings.max_context or int(config.get("max_position_embeddings") or 4096)
     encode = _pair_encoder(hf, scoring)
-    weights = int(
-        tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0)
-        or 0
-    )
+    weights = nbytes(model)
     info = EmbeddingInfo(
         id=model_id,
         path=str(path),

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
-from mlx.utils import tree_reduce
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from mlxd.config import SpeculativeSettings
 from mlxd.engine.chat.loading import LoadedModel, ModelLoadError
+from mlxd.engine.weights import nbytes
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +85,7 @@ def load_draft(path: str, tokenizer: Any) -> DraftModel:
             f"[speculative] draft_model {path!r} has caches that cannot be cut back "
             "(sliding-window or recurrent layers); a draft model needs full attention"
         )
-    nbytes = cast(
-        int,
-        tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, model, 0),
-    )
-    return DraftModel(model, str(where), nbytes)
+    return DraftModel(model, str(where), nbytes(model))
 
 
 class Drafter:
