@@ -9,11 +9,9 @@ after it, which becomes its new pending token. Rows without a draft (or not
 allowed one) take position 0 exactly as the plain step does: their logits
 processors and sampler, their own random state.
 
-Each row then drops the positions it did not keep: all rows the common
-part by ``trim``; the rest per row by the right-padding roll that
-``BatchKVCache`` already has (``prepare(right_padding)`` + ``finalize()``),
-which moves the row's kept positions to the end and its dropped ones into
-its left padding, which attention masks. Nothing is zeroed.
+Each row then drops the positions it did not keep, in every layer cache
+(:mod:`.rollback`: trim and the right-padding roll for attention, the
+recorded per-position state for recurrent layers). Nothing is zeroed.
 
 The step touches ``GenerationBatch``'s private state (``_next_tokens``,
 ``_num_tokens``, ``_matchers``, ...): mlx-lm has no hook for a multi-token
@@ -27,7 +25,8 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
-from mlx_lm.models.cache import BatchKVCache
+
+from mlxd.engine.chat.speculative.rollback import begin, can_roll_back
 
 
 @dataclass
@@ -41,8 +40,8 @@ class Verified:
 
 
 def verifiable(batch: GenerationBatch) -> bool:
-    """Whether every layer cache can drop per-row positions (plain full-attention KV)."""
-    return bool(batch.prompt_cache) and all(type(c) is BatchKVCache for c in batch.prompt_cache)
+    """Whether every layer cache can keep a per-row prefix of a verify step."""
+    return can_roll_back(batch.model, batch.prompt_cache)
 
 
 def greedy_rows(batch: GenerationBatch) -> list[int]:
@@ -64,18 +63,6 @@ def pending_tokens(batch: GenerationBatch) -> list[int]:
     return cast("list[int]", tokens.tolist())
 
 
-def rollback(caches: list[Any], surplus: list[int]) -> None:
-    """Drop the last ``surplus[i]`` positions of row ``i`` from every layer cache."""
-    common = min(surplus)
-    extra = [s - common for s in surplus]
-    for cache in caches:
-        if common:
-            cache.trim(common)
-        if any(extra):
-            cache.prepare(right_padding=extra)
-            cache.finalize()
-
-
 def verify(
     batch: GenerationBatch, pending: list[int], drafts: list[list[int]]
 ) -> tuple[list[GenerationBatch.Response], Verified]:
@@ -89,7 +76,8 @@ def verify(
     uids = list(batch.uids)
     width = 1 + max(len(d) for d in drafts)
     rows = [[pending[i], *d, *([0] * (width - 1 - len(d)))] for i, d in enumerate(drafts)]
-    logits = batch.model(mx.array(rows, dtype=mx.uint32), cache=batch.prompt_cache)
+    with begin(batch.model, batch.prompt_cache, width) as step:
+        logits = batch.model(mx.array(rows, dtype=mx.uint32), cache=batch.prompt_cache)
 
     first, context = _processed(batch, logits[:, 0, :], pending)
     first_lp = first - mx.logsumexp(first, axis=-1, keepdims=True)
@@ -147,7 +135,7 @@ def verify(
         if finish is None:
             keep.append(i)
 
-    rollback(batch.prompt_cache, surplus)
+    step.commit([width - s for s in surplus])
     for i, response in ending:
         response.prompt_cache = batch.extract_cache(i)
         response.all_tokens = batch.tokens[i]
