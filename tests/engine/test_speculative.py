@@ -21,6 +21,7 @@ from mlxd.engine.constraints import json_constraint
 from mlxd.engine.messages import Finished, SamplingParams
 from mlxd.engine.policy.spec_depth import StepCosts
 from tests.support.engine import run_all, running_engine, settled, token_request
+from tests.support.tinymodels import KV_QUANT_FAMILY
 
 MAX_TOKENS = 24
 WIDE = {"saturation_tokens": 100_000}  # the cost model never cuts the depth here
@@ -65,16 +66,18 @@ def oracle(
     return calls
 
 
-def run(model_dir, reqs, mode: str, **spec):
-    outs, counters = run_waves(model_dir, [reqs], mode, **spec)
+def run(model_dir, reqs, mode: str, batch=None, **spec):
+    outs, counters = run_waves(model_dir, [reqs], mode, batch, **spec)
     return outs[0], counters[0]
 
 
-def run_waves(model_dir, waves, mode: str, **spec):
+def run_waves(model_dir, waves, mode: str, batch=None, **spec):
     """Each wave of requests after the last one ended, in one engine; counters after each."""
     outs, counters = [], []
     with running_engine(
-        model_dir, batch={"size": 4, "prompt_concurrency": 4}, speculative={"mode": mode, **spec}
+        model_dir,
+        batch={"size": 4, "prompt_concurrency": 4, **(batch or {})},
+        speculative={"mode": mode, **spec},
     ) as engine:
         for reqs in waves:
             outs.append(run_all(engine, reqs))
@@ -82,19 +85,23 @@ def run_waves(model_dir, waves, mode: str, **spec):
     return outs, counters
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+@pytest.mark.parametrize(
+    ("family", "kv_bits"),
+    [("llama", 0), ("qwen3_next", 0), ("gemma3_text", 0), (KV_QUANT_FAMILY, 8)],
+)
 def test_greedy_output_equals_speculation_off_solo_and_four_rows(
-    family, tiny_models, tiny_loaded, monkeypatch
+    family, kv_bits, tiny_models, tiny_loaded, monkeypatch
 ):
     model_dir = tiny_models(family)
     _, tokenizer = tiny_loaded(family)
     reqs = requests(tokenizer, "r")
-    off, _ = run(model_dir, reqs, "off")
+    batch = {"kv_bits": kv_bits} if kv_bits else {}
+    off, _ = run(model_dir, reqs, "off", batch=batch)
     expected = {tuple(tokenizer.encode(t)): o.tokens for t, o in zip(TEXTS, off, strict=True)}
     oracle(monkeypatch, expected)
     solo_req = token_request("solo", tokenizer.encode(TEXTS[0]), MAX_TOKENS)
     (four, solo), (counters, after) = run_waves(
-        model_dir, [reqs, [solo_req]], "prompt_lookup", **WIDE
+        model_dir, [reqs, [solo_req]], "prompt_lookup", batch=batch, **WIDE
     )
     assert [o.tokens for o in four] == [o.tokens for o in off]
     assert solo[0].tokens == off[0].tokens
@@ -103,13 +110,11 @@ def test_greedy_output_equals_speculation_off_solo_and_four_rows(
     assert [e.usage.completion_tokens for e in ends if isinstance(e, Finished)] == [
         len(o.tokens) for o in off
     ]
-    if family == "llama":  # full attention: rows speculate, accept some, reject some
-        assert 0 < counters["spec_accepted_tokens"] < counters["spec_drafted_tokens"]
-        assert after["spec_accepted_tokens"] > counters["spec_accepted_tokens"]
-        steps = counters["spec_verify_steps"]
-        assert steps < sum(len(o.tokens) for o in off) / 4, "drafts were accepted in bulk"
-    else:  # recurrent layers: depth 0, the step is mlx-lm's own
-        assert counters["spec_verify_steps"] == counters["spec_drafted_tokens"] == 0
+    # Every cache family rolls back per row: rows speculate, accept some, reject some.
+    assert 0 < counters["spec_accepted_tokens"] < counters["spec_drafted_tokens"]
+    assert after["spec_accepted_tokens"] > counters["spec_accepted_tokens"]
+    steps = counters["spec_verify_steps"]
+    assert steps < sum(len(o.tokens) for o in off) / 4, "drafts were accepted in bulk"
 
 
 def test_a_json_schema_row_a_logprobs_row_and_a_sampled_row_beside_a_speculating_row(

@@ -21,7 +21,7 @@ step (upstream gap, noted in docs/batching.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
