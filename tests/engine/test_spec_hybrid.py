@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxd.engine.chat.prompt_cache import PromptCache, detach
+from mlxd.engine.chat.prompt_cache import Kind, PromptCache, detach
 from mlxd.engine.chat.speculative.speculator import Speculator
+from mlxd.engine.messages import Finished
 from mlxd.engine.policy.spec_depth import StepCosts
 from tests.support.engine import run_all, running_engine, settled, token_request
 
@@ -40,7 +41,7 @@ def stored_caches(monkeypatch) -> dict[tuple[int, ...], list[np.ndarray]]:
     stored: dict[tuple[int, ...], list[np.ndarray]] = {}
     store = PromptCache.store
 
-    def recording(self, tokens, cache, live_bytes, kind="assistant"):
+    def recording(self, tokens, cache, live_bytes, kind: Kind = "assistant"):
         if cache is not None and tokens and kind == "assistant":
             arrays = [a for c in detach(cache) for a in _flat(c.state)]
             stored[tuple(tokens)] = [np.array(a) for a in arrays]
@@ -119,6 +120,6 @@ def test_stored_hybrid_caches_and_the_next_turn_equal_speculation_off(
         for a, b in zip(arrays, theirs, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-4)
     assert [o.tokens for o in two_on] == [o.tokens for o in two_off]
-    hits = [o.end.lookup for o in two_on]
-    assert all(h is not None and h.source == "ram" for h in hits), hits
+    ends = [o.end for o in two_on]
+    assert all(isinstance(e, Finished) and e.lookup and e.lookup.source == "ram" for e in ends)
     assert state.counters["spec_accepted_tokens"] > counters["spec_accepted_tokens"]

@@ -43,7 +43,7 @@ def batch_cache(model, kv_quant):
 def row_arrays(cache, i):
     """What row ``i`` holds in one layer cache, comparable across batch layouts."""
     if isinstance(cache, ArraysCache):
-        return [a[i] for a in cache.cache]
+        return [a[i] for a in cache.cache if a is not None]
     row = cache.extract(i)
     if isinstance(cache, BatchRotatingKVCache):  # the window every next token sees
         keep = cache.max_size - 1

@@ -97,7 +97,7 @@ def _recording() -> _Recording | None:
 class _RecordingConv1d(nn.Conv1d):
     """A ``Conv1d`` that records its input while a verify forward records."""
 
-    def __call__(self, x: mx.array) -> mx.array:  # pyright: ignore[reportIncompatibleMethodOverride]
+    def __call__(self, x: mx.array) -> mx.array:
         recording = _recording()
         if recording is not None:
             recording.conv_inputs.append(x)
@@ -258,11 +258,13 @@ class Transaction:
             self._arrays, self._before, recording.conv_inputs, recording.states, strict=True
         ):
             n_keep = conv_input.shape[1] - width
+            window = cache.cache[0]
             if (
                 initial is not before[1]
                 or cache.cache[1] is not states[-1]
                 or len(states) != width
-                or cache.cache[0].shape[1] != n_keep
+                or window is None
+                or window.shape[1] != n_keep
             ):
                 raise RuntimeError("a recurrent layer's verify forward was not recorded in order")
             if cache.left_padding is not None:
@@ -283,11 +285,13 @@ def _drop_rotating(cache: BatchRotatingKVCache, common: int, extra: list[int]) -
     """Drop a sliding-window cache's last ``common + extra[i]`` positions of row ``i``."""
     if common:
         cache.trim(common)
-    cache.keys = cache.keys[..., : cache._idx, :]
-    cache.values = cache.values[..., : cache._idx, :]
+    keys, values = cache.keys, cache.values
+    assert keys is not None and values is not None  # can_roll_back: the window holds keys
+    keys, values = keys[..., : cache._idx, :], values[..., : cache._idx, :]
     if any(extra):
         shift = mx.array(extra)
-        cache.keys = dynamic_roll(cache.keys, shift[:, None], axis=2)
-        cache.values = dynamic_roll(cache.values, shift[:, None], axis=2)
+        keys = dynamic_roll(keys, shift[:, None], axis=2)
+        values = dynamic_roll(values, shift[:, None], axis=2)
         cache.left_padding = cache.left_padding + shift
         cache.offset = cache.offset - shift
+    cache.keys, cache.values = keys, values
