@@ -58,7 +58,7 @@ def tree_flatten(tree):
 
 
 def plain_step(model, cache, seq, pos):
-    tokens = mx.array([[int(seq[i, p].item())] for i, p in enumerate(pos)])
+    tokens = mx.array([[seq[i][p]] for i, p in enumerate(pos)])
     return model(tokens, cache=cache)[:, 0]
 
 
@@ -69,8 +69,8 @@ def test_ragged_verify_steps_match_one_token_steps(family, tiny_loaded):
     model, _ = tiny_loaded(family)
     kv_quant = (8, 64) if family == KV_QUANT_FAMILY else None
     rng = random.Random(family)
-    seq = mx.array([[rng.randrange(10, 400) for _ in range(LENGTH)] for _ in PROMPTS])
-    padded = mx.concatenate([seq, mx.zeros((len(PROMPTS), LENGTH), dtype=seq.dtype)], axis=1)
+    seq = [[rng.randrange(10, 400) for _ in range(LENGTH)] for _ in PROMPTS]
+    padded = mx.array([row + [0] * LENGTH for row in seq])
     reference_cache = batch_cache(model, kv_quant)
     reference = mx.stack(
         [plain_step(model, reference_cache, seq, [t] * len(PROMPTS)) for t in range(LENGTH)],
