@@ -5,8 +5,8 @@ batch's ``next()``: each decode step it chooses a depth from the batch width
 and the measured acceptance (:mod:`mlxd.engine.policy.spec_depth`), drafts
 for the rows that may speculate, and runs a verify step
 (:mod:`.verify`); when there is nothing to draft, the depth is 0, or the
-cache cannot drop per-row positions (sliding-window, recurrent and hybrid
-models), the step is mlx-lm's own, unchanged.
+cache cannot drop per-row positions (a family :mod:`.rollback` does not
+know), the step is mlx-lm's own, unchanged.
 """
 
 from __future__ import annotations
