@@ -113,3 +113,14 @@ def verify(model, cache, padded, reference, pos, width, kept):
     for i, (p, k) in enumerate(zip(pos, kept, strict=True)):
         got, want = logits[i, :k], reference[i, p : p + k]
         assert mx.allclose(got, want, atol=1e-4).item(), (i, p, k, width)
+
+
+def test_a_recurrent_cache_of_a_family_without_recording_hooks_does_not_speculate(tiny_loaded):
+    model, _ = tiny_loaded("qwen3_next")
+    cache = batch_cache(model, None)
+    assert can_roll_back(model, cache)
+    # A model that is no mlx-lm module tree (a vision model's language model through
+    # mlx-vlm), over the same caches: its recurrence cannot be recorded.
+    assert not can_roll_back(type("NotMlxLm", (), {})(), cache)
+    cache[0].lengths = mx.array([1, 1, 1])  # mid-prefill, right-padded
+    assert not can_roll_back(model, cache)

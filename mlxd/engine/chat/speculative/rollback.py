@@ -45,6 +45,7 @@ for per-position states (upstream gap, docs/batching.md).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -141,7 +142,9 @@ def _families(model: Any) -> frozenset[str]:
     if found is not None:
         return found
     with _install_lock:
-        modules = [m for _, m in model.named_modules()]
+        # Not an mlx-lm model (a vision model's language model through mlx-vlm): none.
+        named = getattr(model, "named_modules", None)
+        modules = [m for _, m in named()] if isinstance(model, nn.Module) and named else []
         names = frozenset(
             type(m).__module__ for m in modules if type(m).__module__ in RECURRENT_FAMILIES
         )
@@ -155,7 +158,8 @@ def _families(model: Any) -> frozenset[str]:
             for m in modules:
                 if type(m) is nn.Conv1d:
                     m.__class__ = _RecordingConv1d
-        object.__setattr__(model, _MARK, names)
+        with contextlib.suppress(AttributeError, TypeError):
+            object.__setattr__(model, _MARK, names)
     return names
 
 
@@ -200,7 +204,8 @@ def can_roll_back(model: Any, caches: list[Any]) -> bool:
 
 def begin(model: Any, caches: list[Any], width: int) -> Transaction:
     """Start a verify step of ``width`` positions over ``caches`` (see the module doc)."""
-    _families(model)
+    if any(type(c) is ArraysCache for c in leaves(caches)):
+        _families(model)
     return Transaction(caches, width)
 
 
