@@ -10,6 +10,7 @@ context, ``dimensions`` 0).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -79,17 +80,21 @@ def transcribe(loaded: LoadedTranscriber, job: TranscriptionJob) -> tuple[Transc
     """Run ``job`` to the end; the transcript and the tokens generated."""
     import mlx.core as mx
 
+    from mlxd.engine.transcription.windows import TextSoFar, per_window
+
     audio = mx.array(job.samples)
+    so_far = TextSoFar(job.on_text) if job.on_text is not None else None
     if loaded.whisper:
-        out = loaded.model.generate(
-            audio,
-            task=job.task,
-            language=job.language,
-            initial_prompt=job.prompt,
-            temperature=job.temperature,  # one value: no fallback passes
-            word_timestamps=job.words,
-            verbose=None,
-        )
+        with per_window(loaded.model, so_far) if so_far else contextlib.nullcontext():
+            out = loaded.model.generate(
+                audio,
+                task=job.task,
+                language=job.language,
+                initial_prompt=job.prompt,
+                temperature=job.temperature,  # one value: no fallback passes
+                word_timestamps=job.words,
+                verbose=None,
+            )
     else:
         out = loaded.model.generate(audio)
     segments: list[Segment] = []
@@ -112,8 +117,11 @@ def transcribe(loaded: LoadedTranscriber, job: TranscriptionJob) -> tuple[Transc
         )
         for w in s.get("words", None) or []:
             words.append(Word(str(w["word"]), float(w["start"]), float(w["end"])))
+    text = str(out.text).strip()
+    if so_far is not None:
+        so_far.offer(text, final=True)
     transcript = Transcript(
-        text=str(out.text).strip(),
+        text=text,
         language=str(getattr(out, "language", None) or job.language or ""),
         duration=job.seconds,
         task=job.task,
