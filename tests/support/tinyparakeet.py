@@ -4,10 +4,11 @@ mlx-audio's own Parakeet classes (``Model.from_config`` from
 ``mlx_audio.stt.models.parakeet`` builds its ``ParakeetTDT``: one 32-wide
 Conformer layer over 16 mel bins, an LSTM prediction network, a TDT joint)
 with random weights, and the NeMo-shaped ``config.json`` that
-``mlx_audio.stt.load`` reads from a converted Parakeet directory (``target`` names NeMo's class; ``model_type`` is left out,
-as NeMo's configs have it). Its vocabulary is ten SentencePiece-style
-pieces, so its transcripts are words, in a random order. Built once and
-cached by content, like :mod:`tests.support.tinymodels`.
+``mlx_audio.stt.load`` reads from a converted Parakeet directory (``target``
+names NeMo's class; ``model_type`` is left out, as NeMo's configs have it).
+Its vocabulary is ten SentencePiece-style pieces, so its transcripts are
+words in a random order. Built once and cached by content, like
+:mod:`tests.support.tinymodels`.
 """
 
 from __future__ import annotations
