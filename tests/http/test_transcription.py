@@ -163,6 +163,9 @@ def post(daemon, data: bytes, filename: str = "a.wav", **fields: str):
     ("data", "fields", "status", "param", "words"),
     [
         (b"this is not audio at all" * 4, {}, 400, "file", "not"),
+        (b"", {}, 400, "file", "empty"),
+        (wav_bytes(0.0), {}, 400, "file", "no audio samples"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, {}, 400, "file", "not audio"),
         (wav_bytes()[:2000], {}, 400, "file", "truncated"),
         (wav_bytes(4.0), {}, 400, "file", "3 s"),
         (wav_bytes(10.0), {}, 413, None, "limits.audio_bytes"),
@@ -184,6 +187,22 @@ def test_bad_requests(daemon, data, fields, status, param, words) -> None:
     assert words in error["message"]
     if param is not None:
         assert error["param"] == param
+
+
+def test_the_file_is_told_by_its_bytes_not_its_declared_type(daemon) -> None:
+    with daemon.client() as http:
+        as_png = http.post(
+            "/v1/audio/transcriptions",
+            files={"file": ("a.png", wav_bytes(0.2), "image/png")},
+            data={"model": "whisper"},
+        )
+        png_as_wav = http.post(
+            "/v1/audio/transcriptions",
+            files={"file": ("a.wav", b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "audio/wav")},
+            data={"model": "whisper"},
+        )
+    assert as_png.status_code == 200, as_png.text
+    assert png_as_wav.status_code == 400 and "not audio" in png_as_wav.json()["error"]["message"]
 
 
 def test_not_multipart_and_no_file(daemon) -> None:
