@@ -143,6 +143,7 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
     engine = m.get("engine") or {}
     total = sum(held.values())
     caps = m.get("capabilities") or {}
+    chat = m["kind"] == "chat"
     return {
         "id": m["id"],
         "kind": m["kind"],
@@ -159,8 +160,10 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
         "total": human_bytes(total),
         "total_pct": percent(total, budget),
         "segments": _segments(m["id"], held, budget),
-        "rows": count(_n(engine.get("rows"))) if engine else "—",
-        "queue": count(_n(engine.get("pending"))) if engine else "—",
+        # A chat engine's rows and pending; another kind's engine runs and queues requests.
+        "rows": count(_n(engine.get("rows" if chat else "running"))) if engine else "—",
+        "queue": count(_n(engine.get("pending" if chat else "queued"))) if engine else "—",
+        "served": _served(m["kind"], engine),
         "tokens_per_s": f"{float(engine['tokens_per_s']):.1f}"
         if engine.get("tokens_per_s") is not None
         else "—",
@@ -181,6 +184,23 @@ def _model(m: dict[str, Any], budget: int, now: float) -> Formatted:
         "download": _download(m, now),
         "download_actions": _download_actions(m),
     }
+
+
+# What a non-chat engine's ``inputs_embedded`` counts, by kind.
+_INPUTS = {"rerank": "pair", "transcription": "upload"}
+
+
+def _served(kind: str, engine: dict[str, Any]) -> str:
+    """A non-chat model's counts: requests served (failed) and what they carried."""
+    if kind == "chat" or not engine:
+        return ""
+    served, failed = _n(engine.get("requests_served")), _n(engine.get("requests_failed"))
+    text = f"{count(served)} served"
+    if failed:
+        text += f", {count(failed)} failed"
+    inputs = _n(engine.get("inputs_embedded"))
+    unit = _INPUTS.get(kind, "input") + ("" if inputs == 1 else "s")
+    return f"{text} · {count(inputs)} {unit}"
 
 
 def _last_used(m: dict[str, Any], engine: dict[str, Any], now: float) -> str:

@@ -22,6 +22,7 @@ import pytest
 from tests.support.daemon import toml_config
 from tests.support.stats_schema import check_schema, documented_fields
 from tests.support.tinyembed import chat_and_embedding_registry
+from tests.support.tinyrerank import build_cross_encoder
 
 KEY = "sk-batch-test"
 OTHER = "sk-batch-other"
@@ -31,9 +32,15 @@ VOLATILE = {"id", "created", "created_at", "system_fingerprint", "cached_tokens"
 
 
 @pytest.fixture(scope="module")
-def daemon(apps, tiny_models, tiny_embedding_model):
+def daemon(apps, tiny_models, tiny_embedding_model, tmp_path_factory):
+    cross_encoder = build_cross_encoder(
+        tiny_embedding_model, tmp_path_factory.mktemp("batch-rerank") / "ce"
+    )
     config = toml_config(
-        models=chat_and_embedding_registry(tiny_models, tiny_embedding_model),
+        models={
+            **chat_and_embedding_registry(tiny_models, tiny_embedding_model),
+            "ce": {"kind": "rerank", "path": str(cross_encoder)},
+        },
         server={"api_keys": [KEY, OTHER]},
         batch={"size": 4},
         batches={"max_file_bytes": "64KiB", "max_lines": 40, "upload_timeout": 2.0},
@@ -160,6 +167,47 @@ def test_embedding_batch_equals_direct_call(client, http):
     output = lines_of(client, done.output_file_id)
     for body, out in zip(bodies, output, strict=True):
         assert out["response"]["body"] == http.post("/v1/embeddings", json=body).json()
+
+
+def test_rerank_batch_equals_direct_calls_and_audio_is_not_batched(client, http):
+    docs = ["a boat on the river", "why is the sky blue", "the river bank"]
+    bodies = [
+        {"model": "ce", "query": "the river", "documents": docs, "top_n": 2},
+        {"model": "emb", "query": "the sky", "documents": docs, "return_documents": True},
+    ]
+    lines = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/rerank", "body": b}
+        for i, b in enumerate(bodies)
+    ]
+    uploaded = client.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/rerank",
+        completion_window="24h",
+    )
+    done = wait_final(client, batch.id)
+    assert done.status == "completed" and done.error_file_id is None
+    output = lines_of(client, done.output_file_id)
+    for body, out in zip(bodies, output, strict=True):
+        assert out["response"]["status_code"] == 200
+        assert stable(out["response"]["body"]) == stable(http.post("/v1/rerank", json=body).json())
+    assert len(output[0]["response"]["body"]["results"]) == 2
+    # A transcription is a multipart upload: no batch line can carry one.
+    audio_line = {**lines[0], "url": "/v1/audio/transcriptions"}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.files.create(file=("a.jsonl", io.BytesIO(jsonl([audio_line]))), purpose="batch")
+    message = caught.value.body["message"]  # type: ignore[index]
+    assert "Line 1 " in message and "multipart" in message
+    refused = http.post(
+        "/v1/batches",
+        json={
+            "input_file_id": uploaded.id,
+            "endpoint": "/v1/audio/transcriptions",
+            "completion_window": "24h",
+        },
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "endpoint"
+    assert "multipart" in refused.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -30,9 +30,12 @@ def wav_bytes(seconds: float = 1.0, rate: int = 16_000) -> bytes:
 
 @pytest.fixture(scope="module")
 def daemon(apps, tiny_models, tiny_whisper_model):
+    from tests.support.tinyparakeet import tiny_parakeet_dir
+
     models = {
         "chat": {"path": str(tiny_models("llama"))},
         "whisper": {"kind": "transcription", "path": str(tiny_whisper_model)},
+        "parakeet": {"kind": "transcription", "path": str(tiny_parakeet_dir())},
     }
     return apps.get(
         toml_config(models=models, limits={"audio_seconds": 3.0, "audio_bytes": "128KiB"})
@@ -97,6 +100,51 @@ def test_translation_and_stream(daemon, client) -> None:
     assert 'mlxd_embedding_requests_total{model="whisper",outcome="served"}' in metrics
 
 
+def test_parakeet_json_verbose_stream_and_what_it_cannot(daemon, client) -> None:
+    audio = ("a.wav", wav_bytes())
+    plain = client.audio.transcriptions.create(model="parakeet", file=audio)
+    assert plain.text and set(plain.text.split()) <= {
+        "the",
+        "river",
+        "boats",
+        "rock",
+        "gently",
+        "hello",
+        "world",
+        "boat",
+    }
+    verbose = client.audio.transcriptions.create(
+        model="parakeet",
+        file=audio,
+        response_format="verbose_json",
+        timestamp_granularities=["segment", "word"],
+    )
+    assert verbose.text == plain.text and verbose.duration == pytest.approx(1.0)
+    assert verbose.segments and all(0 <= s.start <= s.end <= 1.0 for s in verbose.segments)
+    assert verbose.words and " ".join(w.word for w in verbose.words) == plain.text
+    events = list(client.audio.transcriptions.create(model="parakeet", file=audio, stream=True))
+    assert [e.type for e in events] == ["transcript.text.delta", "transcript.text.done"]
+    assert events[0].delta == events[1].text == plain.text
+    for call, field in (
+        (lambda: client.audio.translations.create(model="parakeet", file=audio), "model"),
+        (
+            lambda: client.audio.transcriptions.create(model="parakeet", file=audio, prompt="hi"),
+            "prompt",
+        ),
+        (
+            lambda: client.audio.transcriptions.create(
+                model="parakeet", file=audio, temperature=0.5
+            ),
+            "temperature",
+        ),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            call()
+        assert refused.value.param == field and "Parakeet" in refused.value.message
+    models = {m["id"]: m for m in http_json(daemon, "/v1/models")["data"]}
+    assert models["parakeet"]["kind"] == "transcription"
+
+
 def http_json(daemon, path: str):
     with daemon.client() as http:
         return http.get(path).json()
@@ -115,6 +163,9 @@ def post(daemon, data: bytes, filename: str = "a.wav", **fields: str):
     ("data", "fields", "status", "param", "words"),
     [
         (b"this is not audio at all" * 4, {}, 400, "file", "not"),
+        (b"", {}, 400, "file", "empty"),
+        (wav_bytes(0.0), {}, 400, "file", "no audio samples"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, {}, 400, "file", "not audio"),
         (wav_bytes()[:2000], {}, 400, "file", "truncated"),
         (wav_bytes(4.0), {}, 400, "file", "3 s"),
         (wav_bytes(10.0), {}, 413, None, "limits.audio_bytes"),
@@ -136,6 +187,22 @@ def test_bad_requests(daemon, data, fields, status, param, words) -> None:
     assert words in error["message"]
     if param is not None:
         assert error["param"] == param
+
+
+def test_the_file_is_told_by_its_bytes_not_its_declared_type(daemon) -> None:
+    with daemon.client() as http:
+        as_png = http.post(
+            "/v1/audio/transcriptions",
+            files={"file": ("a.png", wav_bytes(0.2), "image/png")},
+            data={"model": "whisper"},
+        )
+        png_as_wav = http.post(
+            "/v1/audio/transcriptions",
+            files={"file": ("a.wav", b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "audio/wav")},
+            data={"model": "whisper"},
+        )
+    assert as_png.status_code == 200, as_png.text
+    assert png_as_wav.status_code == 400 and "not audio" in png_as_wav.json()["error"]["message"]
 
 
 def test_not_multipart_and_no_file(daemon) -> None:

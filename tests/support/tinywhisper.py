@@ -6,6 +6,13 @@ with Whisper's special tokens (languages, tasks, timestamps), and a saved
 ``WhisperProcessor``: what ``mlx_audio.stt.load`` reads from a Hugging Face
 Whisper directory. Its transcripts are noise; the tests check their shape.
 Built once and cached by content, like :mod:`tests.support.tinymodels`.
+
+The default one says nothing: its ``<|endoftext|>`` is token 0, so mlx-audio
+(which keeps tokens below ``eot`` as text, as in Whisper's vocabulary) finds no
+words, and each window ends fast. ``talkative=True`` puts ``<|endoftext|>``
+after the words as Whisper does and scales the word tokens' embeddings, so the
+tied output head favours them over the 1501 timestamp tokens: 32 tokens of
+words per 30 s window (the streamed-transcript tests need text; it is slower).
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ CONFIG: dict[str, Any] = {
     "n_text_layer": 1,
 }
 
+WORD_SCALE = 8.0  # talkative: the word tokens' embeddings times this
 
-def build_tiny_whisper(out: Path, *, seed: int = 0) -> Path:
+
+def build_tiny_whisper(out: Path, *, seed: int = 0, talkative: bool = False) -> Path:
     """Write the tokenizer, processor, config and random weights into ``out``."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -47,12 +56,13 @@ def build_tiny_whisper(out: Path, *, seed: int = 0) -> Path:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=300,
-        special_tokens=["<|endoftext|>"],
+        special_tokens=[] if talkative else ["<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(["hello world the river boats rock gently"] * 10, trainer)
     specials = (
-        ["<|startoftranscript|>"]
+        (["<|endoftext|>"] if talkative else [])
+        + ["<|startoftranscript|>"]
         + [f"<|{code}|>" for code in LANGUAGES]
         + ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>"]
         + ["<|nospeech|>", "<|notimestamps|>"]
@@ -74,12 +84,19 @@ def build_tiny_whisper(out: Path, *, seed: int = 0) -> Path:
     config = {**CONFIG, "n_vocab": len(hf)}
     mx.random.seed(seed)
     model = Model(ModelDimensions.from_dict(config))
+    if talkative:
+        words = [hf.decode([i]).strip() for i in range(hf.convert_tokens_to_ids(end))]
+        scale = [WORD_SCALE if w.isascii() and w.isalpha() else 1.0 for w in words]
+        scale += [1.0] * (config["n_vocab"] - len(scale))
+        weight = model.decoder.token_embedding.weight
+        model.decoder.token_embedding.weight = weight * mx.array(scale)[:, None]
     (out / "config.json").write_text(json.dumps(config))
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
     return out
 
 
-def tiny_whisper_dir(*, seed: int = 0) -> Path:
-    """A cached build under ``<cache_root()>/w1/whisper-<seed>``."""
-    final = cache_root() / CONTENT_VERSION / f"whisper-{seed}"
-    return build_once(final, lambda tmp: build_tiny_whisper(tmp, seed=seed))
+def tiny_whisper_dir(*, seed: int = 0, talkative: bool = False) -> Path:
+    """A cached build under ``<cache_root()>/w1/whisper[-talkative]-<seed>``."""
+    name = f"whisper-talkative-{seed}" if talkative else f"whisper-{seed}"
+    final = cache_root() / CONTENT_VERSION / name
+    return build_once(final, lambda tmp: build_tiny_whisper(tmp, seed=seed, talkative=talkative))

@@ -15,7 +15,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/rerank",
+)
+# Routes whose body is a multipart upload: OpenAI's batch format (JSON lines) cannot carry them.
+FILE_ENDPOINTS = ("/v1/audio/transcriptions", "/v1/audio/translations")
 MAX_CUSTOM_ID = 512
 _KEYS = {"custom_id", "method", "url", "body"}
 
@@ -91,15 +99,28 @@ def parse_line(raw: bytes, number: int) -> RequestLine:
     if value.get("method") != "POST":
         raise BadLine(number, "'method' must be \"POST\".")
     url = value.get("url")
-    if url not in ENDPOINTS:
-        shown = repr(url)[:80]
-        raise BadLine(number, f"'url' {shown} is not one of {', '.join(ENDPOINTS)}.")
+    refused = endpoint_refusal(url, "'url'")
+    if refused is not None:
+        raise BadLine(number, refused)
     body = value.get("body")
     if not isinstance(body, dict):
         raise BadLine(number, "'body' must be a JSON object (the request's body).")
     if body.get("stream") not in (None, False):
         raise BadLine(number, "'body.stream' must be false or absent: batch answers are whole.")
-    return RequestLine(index=-1, custom_id=custom_id, url=url, body=body)
+    return RequestLine(index=-1, custom_id=custom_id, url=str(url), body=body)
+
+
+def endpoint_refusal(url: object, field: str) -> str | None:
+    """Why ``url`` cannot be a batch's endpoint or a line's ``url`` (None: it can)."""
+    if url in ENDPOINTS:
+        return None
+    if url in FILE_ENDPOINTS:
+        return (
+            f"{field} {url} cannot be batched: a transcription uploads its audio as a "
+            "multipart file, and a batch line is a JSON body (as OpenAI's batch format); "
+            f"send each upload to {url} directly."
+        )
+    return f"{field} {repr(url)[:80]} is not one of {', '.join(ENDPOINTS)}."
 
 
 def request_lines(lines: Iterable[bytes]) -> Iterator[RequestLine]:

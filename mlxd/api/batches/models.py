@@ -28,20 +28,30 @@ class Room:
     logged: bool = False
 
 
+_KINDS = {"/v1/embeddings": "embedding", "/v1/rerank": "rerank"}
+
+
 def kind_of(url: str) -> str:
-    return "embedding" if url == "/v1/embeddings" else "chat"
+    return _KINDS.get(url, "chat")
 
 
 def route(status: FleetStatus, name: object, kind: str) -> ModelState | None:
-    """The configured model a line's ``model`` names (None: it routes nowhere)."""
-    for model in status.models:
-        if model.kind != kind:
-            continue
-        if name is None and model.default:
-            return model
-        if isinstance(name, str) and (name == model.id or name in model.aliases):
-            return model
-    return None
+    """The configured model a line's ``model`` names (None: it routes nowhere).
+
+    ``/v1/rerank`` lines go to a reranker or an embedding model (cosine), as
+    the route has it: no name, the default reranker, else the default
+    embedding model.
+    """
+    kinds = ("rerank", "embedding") if kind == "rerank" else (kind,)
+    if name is None:
+        defaults = [m for m in status.models if m.default and m.kind in kinds]
+        return min(defaults, key=lambda m: kinds.index(m.kind), default=None)
+    if not isinstance(name, str):
+        return None
+    return next(
+        (m for m in status.models if m.kind in kinds and (name == m.id or name in m.aliases)),
+        None,
+    )
 
 
 def room_for(fleet: Fleet, line: RequestLine, mine: dict[str, int], max_rows: int | None) -> Room:
@@ -54,7 +64,7 @@ def room_for(fleet: Fleet, line: RequestLine, mine: dict[str, int], max_rows: in
         return Room(0 if mine.get(key) else 1, key)
     held = mine.get(model.id, 0)
     if model.state == "loaded":
-        if kind == "embedding":
+        if kind != "chat":  # an embedding model's or a reranker's engine
             engine = model.engine
             lines = embedding_room(
                 True, int(engine.get("queued", 0)), int(engine.get("running", 0)), held

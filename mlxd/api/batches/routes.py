@@ -18,7 +18,7 @@ from litestar.params import FromPath, FromQuery
 
 from mlxd.api import params
 from mlxd.api.batches.files import find_file, list_page, page_limit
-from mlxd.api.batches.jsonl import ENDPOINTS
+from mlxd.api.batches.jsonl import ENDPOINTS, FILE_ENDPOINTS, endpoint_refusal
 from mlxd.api.batches.service import BatchService, owner, service
 from mlxd.api.batches.store import BatchRow, new_id
 from mlxd.api.http.body import read_body
@@ -116,12 +116,12 @@ class BatchesController(Controller):
         body = await read_body(request, mlxd.settings.limits.max_body_bytes)
         req = decode(body, BatchRequest)
         if req.endpoint not in ENDPOINTS:
-            raise OpenAIError(
-                400,
-                f"'endpoint' must be one of {', '.join(ENDPOINTS)}; got {req.endpoint[:60]!r}.",
-                code="invalid_value",
-                param="endpoint",
-            )
+            refused = endpoint_refusal(req.endpoint, "'endpoint'")
+            if req.endpoint not in FILE_ENDPOINTS:
+                refused = (
+                    f"'endpoint' must be one of {', '.join(ENDPOINTS)}; got {req.endpoint[:60]!r}."
+                )
+            raise OpenAIError(400, str(refused), code="invalid_value", param="endpoint")
         window = window_seconds(req.completion_window)
         params.metadata(req.metadata)
         try:

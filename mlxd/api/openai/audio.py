@@ -9,16 +9,19 @@ A translation is Whisper's ``translate`` task: the speech in English.
 
 The answer is ``response_format``: ``json`` (``{"text"}``, the default, as
 OpenAI has it), ``text``, ``srt``, ``vtt`` or ``verbose_json``. With
-``stream=true`` the answer is OpenAI's transcript stream (server-sent events
-``transcript.text.delta``, one per segment, then ``transcript.text.done``);
-the deltas come once the whole upload is transcribed, not as it decodes.
+``stream=true`` (json or text only, else 400) the answer is OpenAI's
+transcript stream: server-sent events ``transcript.text.delta`` as each
+window of the upload is decoded, then one ``transcript.text.done`` whose
+``text`` is the deltas joined (and what the request answers unstreamed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from litestar import Controller, Request, Response, post
@@ -29,8 +32,9 @@ from mlxd.api.http.decode import IGNORED_HEADER, ignored_header
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.guard import audio_body_limit
 from mlxd.api.http.requestlog import note_of
-from mlxd.api.lease import check_accepting, held
+from mlxd.api.lease import acquire, check_accepting, held, released_on_error
 from mlxd.api.openai.audio_form import AudioForm, parse_form
+from mlxd.api.openai.render import sse_error
 from mlxd.api.state import AppState, Mlxd
 from mlxd.engine import (
     AudioError,
@@ -97,6 +101,8 @@ async def serve_audio(request: Request, state: AppState, task: str) -> Response[
         temperature=form.temperature,
         words="word" in form.granularities,
     )
+    if form.stream:
+        return await _stream(request, state, form.model, job, headers)
     async with held(state, form.model, "transcription", request=request) as lease:
         note.model = lease.id
         result = await asyncio.wrap_future(lease.engine.submit(job))
@@ -105,19 +111,60 @@ async def serve_audio(request: Request, state: AppState, task: str) -> Response[
         raise OpenAIError.from_failed(result)
     assert isinstance(result, Transcript)
     note.generated = sum(len(s.tokens) for s in result.segments)
-    if form.stream:
-        return Stream(_events(result), media_type="text/event-stream", headers=headers)
     content, media_type = render_transcript(result, form.response_format, form.granularities)
     return Response(content, media_type=media_type, headers=headers)
 
 
-async def _events(transcript: Transcript) -> AsyncIterator[bytes]:
-    """OpenAI's transcript stream: a delta per segment (or the whole text), then done."""
-    pieces = [s.text for s in transcript.segments] or [transcript.text]
-    for piece in pieces:
-        if piece:
-            yield _sse({"type": "transcript.text.delta", "delta": piece})
-    yield _sse({"type": "transcript.text.done", "text": transcript.text})
+async def _stream(
+    request: Request, state: AppState, model: str, job: TranscriptionJob, headers: dict[str, str]
+) -> Response[Any]:
+    """OpenAI's transcript stream: the text's pieces as the engine makes them, then done.
+
+    The engine calls ``on_text`` on its thread as each window finishes
+    (:mod:`mlxd.engine.transcription.windows`); the pieces and then the
+    outcome reach this loop in that order. The answer starts with the first of
+    them, so a refusal (an unknown language, a failed model) is still a plain
+    error response; a failure after the first piece is an ``error`` event.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[str | Transcript | Failed] = asyncio.Queue()
+
+    def put(item: str | Transcript | Failed) -> None:  # on the engine's thread
+        with contextlib.suppress(RuntimeError):  # the loop has closed
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    note = note_of(request.scope)
+    lease = await acquire(state, model, "transcription", request=request)
+    with released_on_error(lease):
+        note.model = lease.id
+        future = lease.engine.submit(replace(job, on_text=put))
+        future.add_done_callback(lambda f: put(f.result()))
+        first = await queue.get()
+    if isinstance(first, Failed):
+        lease.release()
+        note.error = first.code
+        raise OpenAIError.from_failed(first)
+
+    def release(_: object = None) -> None:
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(lease.release)
+
+    async def events() -> AsyncIterator[bytes]:
+        item = first
+        try:
+            while isinstance(item, str):
+                yield _sse({"type": "transcript.text.delta", "delta": item})
+                item = await queue.get()
+            if isinstance(item, Failed):
+                note.error = item.code
+                yield sse_error({"type": "error", **OpenAIError.from_failed(item).body()})
+                return
+            note.generated = sum(len(s.tokens) for s in item.segments)
+            yield _sse({"type": "transcript.text.done", "text": item.text})
+        finally:
+            future.add_done_callback(release)  # at once when done; else when the engine is
+
+    return Stream(events(), media_type="text/event-stream", headers=headers)
 
 
 def _sse(event: dict[str, Any]) -> bytes:

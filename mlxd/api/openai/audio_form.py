@@ -5,7 +5,8 @@ The request guard has read the body under ``[limits] audio_bytes``
 python-multipart into OpenAI's fields: ``file`` (required), ``model``,
 ``language``, ``prompt``, ``response_format`` (json, the default, text,
 srt, vtt, verbose_json), ``temperature`` (0 to 1), ``timestamp_granularities[]``
-(segment, word; only with verbose_json) and ``stream``. Every value is
+(segment, word; only with verbose_json) and ``stream`` (json or text only,
+as OpenAI's streamed transcripts). Every value is
 checked here; an unknown field is refused or ignored by ``[server]
 unknown_parameters`` like the JSON routes' fields.
 """
@@ -190,4 +191,10 @@ def parse_form(body: bytes, content_type: str) -> AudioForm:
     if stream not in ("true", "false"):
         raise _bad(f"'stream' must be true or false; got {stream[:40]!r}.", "stream")
     form.stream = stream == "true"
+    if form.stream and fmt not in ("json", "text"):
+        raise _bad(
+            f"'stream' needs response_format json or text; {fmt} is not streamed "
+            "(send stream=false for it).",
+            "stream",
+        )
     return form

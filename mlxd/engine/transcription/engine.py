@@ -213,7 +213,7 @@ class TranscriptionEngine:
         _resolve(future, loaded.info)
 
     def _serve(self, work: _Work) -> None:
-        from mlxd.engine.transcription.loading import transcribe, unknown_language
+        from mlxd.engine.transcription.loading import refusal, transcribe
 
         job = work.job
         assert job is not None
@@ -225,9 +225,10 @@ class TranscriptionEngine:
                 failed = Failed("model_not_loaded", "no transcription model is loaded", 503)
                 self._finish(work.future, failed)
                 return
-            refusal = unknown_language(loaded, job.language)
-            if refusal is not None:
-                failed = Failed("invalid_value", refusal, 400, param="language")
+            refused = refusal(loaded, job)
+            if refused is not None:
+                param, message = refused
+                failed = Failed("invalid_value", message, 400, param=param)
                 self._finish(work.future, failed)
                 return
             try:

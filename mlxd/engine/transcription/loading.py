@@ -1,8 +1,10 @@
-"""Load a Whisper model directory through mlx-audio and run one transcription (MLX here).
+"""Load a Whisper or Parakeet model directory through mlx-audio and run one transcription.
 
-Only the transcription engine's thread calls these. A model is whatever
-``mlx_audio.stt.load`` builds from the directory (``config.json``, the
-weights, a saved ``WhisperProcessor``); its facts become an
+Only the transcription engine's thread calls these (MLX here). A model is
+whatever ``mlx_audio.stt.load`` builds from the directory (``config.json``,
+the weights, a saved ``WhisperProcessor``; for Parakeet, NeMo's config with its
+vocabulary, told by ``model_type`` or NeMo's ``target``, see
+:mod:`mlxd.engine.transcription.parakeet`); its facts become an
 :class:`~mlxd.engine.embeddings.messages.EmbeddingInfo` (the per-model record
 the fleet's views already read: ``context_length`` is the text decoder's
 context, ``dimensions`` 0).
@@ -10,6 +12,7 @@ context, ``dimensions`` 0).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ class LoadedTranscriber:
     model: Any
     info: EmbeddingInfo
     whisper: bool  # Whisper's options (task, language, prompt, temperature, words) apply
+    parakeet: bool = False  # NeMo's Parakeet: transcribes only (parakeet.refusal)
 
 
 def load_transcriber(path: str | None, model_id: str) -> LoadedTranscriber:
@@ -42,36 +46,44 @@ def load_transcriber(path: str | None, model_id: str) -> LoadedTranscriber:
     from mlx.utils import tree_flatten
     from mlx_audio.stt import load
 
-    model = load(str(directory))
+    from mlxd.engine.transcription.parakeet import is_parakeet
+
+    parakeet = is_parakeet(config)
+    model = load(str(directory), model_type="parakeet") if parakeet else load(str(directory))
     arrays: list[Any] = [v for _, v in tree_flatten(model.parameters())]
     weights = sum(int(v.nbytes) for v in arrays)
-    family = str(config.get("model_type", "whisper"))
+    family = "parakeet" if parakeet else str(config.get("model_type", "whisper"))
     info = EmbeddingInfo(
         id=model_id,
         path=str(directory),
         family=family,
         dimensions=0,
         context_length=int(config.get("n_text_ctx", config.get("max_target_positions", 0))),
-        vocab_size=int(config.get("n_vocab", config.get("vocab_size", 0))),
+        vocab_size=int(config.get("n_vocab", config.get("vocab_size", 0)))
+        or int((config.get("decoder") or {}).get("vocab_size", 0) if parakeet else 0),
         weights_bytes=int(weights),
         supports_dimensions=False,
         dtype=str(arrays[0].dtype).removeprefix("mlx.core.") if arrays else "",
         created=int(time.time()),
     )
-    return LoadedTranscriber(model, info, whisper="whisper" in family)
+    return LoadedTranscriber(model, info, whisper="whisper" in family, parakeet=parakeet)
 
 
-def unknown_language(loaded: LoadedTranscriber, language: str | None) -> str | None:
-    """Why ``language`` cannot be asked of this model (None when it can)."""
-    if language is None or not loaded.whisper:
+def refusal(loaded: LoadedTranscriber, job: TranscriptionJob) -> tuple[str, str] | None:
+    """Why this model cannot do ``job``: (the form field, the message), else None."""
+    if loaded.parakeet:
+        from mlxd.engine.transcription.parakeet import refusal as parakeet_refusal
+
+        return parakeet_refusal(loaded.info.id, job)
+    if job.language is None or not loaded.whisper:
         return None
     from mlx_audio.stt.models.whisper.tokenizer import LANGUAGES
 
-    if language in LANGUAGES:
+    if job.language in LANGUAGES:
         return None
-    return (
+    return "language", (
         f"'language' must be an ISO-639-1 code Whisper knows (e.g. en, de, fr, ja); "
-        f"got {language!r}."
+        f"got {job.language!r}."
     )
 
 
@@ -79,17 +91,28 @@ def transcribe(loaded: LoadedTranscriber, job: TranscriptionJob) -> tuple[Transc
     """Run ``job`` to the end; the transcript and the tokens generated."""
     import mlx.core as mx
 
+    from mlxd.engine.transcription.windows import TextSoFar, per_window
+
     audio = mx.array(job.samples)
+    so_far = TextSoFar(job.on_text) if job.on_text is not None else None
     if loaded.whisper:
-        out = loaded.model.generate(
-            audio,
-            task=job.task,
-            language=job.language,
-            initial_prompt=job.prompt,
-            temperature=job.temperature,  # one value: no fallback passes
-            word_timestamps=job.words,
-            verbose=None,
-        )
+        with per_window(loaded.model, so_far) if so_far else contextlib.nullcontext():
+            out = loaded.model.generate(
+                audio,
+                task=job.task,
+                language=job.language,
+                initial_prompt=job.prompt,
+                temperature=job.temperature,  # one value: no fallback passes
+                word_timestamps=job.words,
+                verbose=None,
+            )
+    elif loaded.parakeet:
+        from mlxd.engine.transcription.parakeet import transcribe_parakeet
+
+        transcript, tokens = transcribe_parakeet(loaded.model, audio, job)
+        if so_far is not None:
+            so_far.offer(transcript.text, final=True)
+        return transcript, tokens
     else:
         out = loaded.model.generate(audio)
     segments: list[Segment] = []
@@ -112,8 +135,11 @@ def transcribe(loaded: LoadedTranscriber, job: TranscriptionJob) -> tuple[Transc
         )
         for w in s.get("words", None) or []:
             words.append(Word(str(w["word"]), float(w["start"]), float(w["end"])))
+    text = str(out.text).strip()
+    if so_far is not None:
+        so_far.offer(text, final=True)
     transcript = Transcript(
-        text=str(out.text).strip(),
+        text=text,
         language=str(getattr(out, "language", None) or job.language or ""),
         duration=job.seconds,
         task=job.task,

@@ -1,14 +1,16 @@
 """The values that cross between the HTTP side and a transcription engine's thread (no MLX).
 
 A request carries decoded samples (:mod:`mlxd.engine.audio.decode`) and the
-OpenAI form's options; its outcome is a
+OpenAI form's options (and, streamed, a callback for the text as it
+comes); its outcome is a
 :class:`~mlxd.engine.audio.transcript.Transcript` or the engine's
 :class:`~mlxd.engine.messages.Failed`, never an exception.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +29,9 @@ class TranscriptionJob:
     prompt: str | None = None
     temperature: float = 0.0
     words: bool = False  # word timestamps asked for
+    # stream=true: called on the engine's thread with each new piece of the text
+    # (see mlxd.engine.transcription.windows); their concatenation is the text.
+    on_text: Callable[[str], None] | None = field(default=None, compare=False)
 
 
 # What a request's future resolves to.
