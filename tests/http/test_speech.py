@@ -1,0 +1,131 @@
+"""``kind = "speech"`` (issue 37): a tiny random-weight Soprano serves /v1/audio/speech
+in each response_format (each decoded back as audio of the right length), streamed
+in pieces and as OpenAI's SSE events; every bad value a 4xx naming its field."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pytest
+
+from tests.support.daemon import toml_config
+from tests.support.tinytts import SAMPLE_RATE, SAMPLES_PER_LINE
+
+pytest.importorskip("mlx_audio")
+av = pytest.importorskip("av")
+
+THREE_LINES = "Hello there.\nA second line.\nAnd a third one."
+
+
+@pytest.fixture(scope="module")
+def daemon(apps, tiny_models, tiny_tts_model):
+    models = {
+        "chat": {"path": str(tiny_models("llama"))},
+        "voice": {"kind": "speech", "path": str(tiny_tts_model)},
+    }
+    return apps.get(toml_config(models=models, limits={"speech_chars": 200}))
+
+
+def speak(daemon, **body):
+    with daemon.client() as http:
+        return http.post("/v1/audio/speech", json={"model": "voice", **body})
+
+
+def decoded(data: bytes) -> tuple[int, int, int]:
+    """(sample rate, channels, samples) of an encoded answer, read back by PyAV."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(stream))
+        return stream.rate, stream.channels, samples
+
+
+def test_each_format_decodes_to_the_pcm_length(daemon) -> None:
+    pcm = speak(daemon, input=THREE_LINES, voice="alloy", response_format="pcm")
+    assert pcm.status_code == 200, pcm.text
+    assert pcm.headers["content-type"] == "audio/pcm"
+    assert pcm.headers["x-mlxd-sample-rate"] == str(SAMPLE_RATE)
+    assert pcm.headers["x-mlxd-ignored-parameters"] == "voice"  # Soprano has one voice
+    seconds = len(pcm.content) / 2 / SAMPLE_RATE
+    assert len(pcm.content) == 2 * 3 * SAMPLES_PER_LINE
+    for fmt, media, rate in [
+        ("wav", "audio/wav", SAMPLE_RATE),
+        ("flac", "audio/flac", SAMPLE_RATE),
+        ("mp3", "audio/mpeg", SAMPLE_RATE),
+        ("aac", "audio/aac", SAMPLE_RATE),
+        ("opus", "audio/ogg", 48_000),
+    ]:
+        r = speak(daemon, input=THREE_LINES, response_format=fmt)
+        assert r.status_code == 200, (fmt, r.text)
+        assert r.headers["content-type"] == media
+        got_rate, channels, samples = decoded(r.content)
+        assert (got_rate, channels) == (rate, 1), fmt
+        # Codecs add priming and padding frames: within 80 ms of the pcm's length.
+        assert samples / got_rate == pytest.approx(seconds, abs=0.08), fmt
+
+
+def test_default_format_is_mp3_and_speed_changes_length(daemon) -> None:
+    r = speak(daemon, input="Hello.")
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg"
+    normal = len(speak(daemon, input=THREE_LINES, response_format="pcm").content)
+    fast = len(speak(daemon, input=THREE_LINES, response_format="pcm", speed=2.0).content)
+    slow = len(speak(daemon, input=THREE_LINES, response_format="pcm", speed=0.5).content)
+    assert fast == pytest.approx(normal / 2, rel=0.05)
+    assert slow == pytest.approx(normal * 2, rel=0.05)
+
+
+def test_streams_in_pieces_and_sse(daemon) -> None:
+    with daemon.client() as http:
+        body = {"model": "voice", "input": THREE_LINES, "response_format": "wav"}
+        with http.stream("POST", "/v1/audio/speech", json=body) as r:
+            pieces = [chunk for chunk in r.iter_raw() if chunk]
+    assert len(pieces) >= 2  # a piece per generated line, not one body at the end
+    assert b"".join(pieces)[:4] == b"RIFF"
+    sse = speak(daemon, input=THREE_LINES, response_format="pcm", stream_format="sse")
+    assert sse.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(x[6:]) for x in sse.text.splitlines() if x.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert len(events) >= 3 and events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["usage"]["output_tokens"] == 12  # 1 + 3 tokens a line (Soprano counts its prefill)
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert len(audio) == 2 * 3 * SAMPLES_PER_LINE
+
+
+def test_models_stats_metrics(daemon) -> None:
+    assert speak(daemon, input="Hi.", response_format="pcm").status_code == 200
+    with daemon.client() as http:
+        models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+        stats = {m["id"]: m for m in http.get("/stats").json()["fleet"]["models"]}
+        metrics = http.get("/metrics").text
+    assert models["voice"]["kind"] == "speech"
+    assert models["voice"]["sample_rate"] == SAMPLE_RATE and models["voice"]["voices"] == []
+    assert stats["voice"]["engine"]["requests_served"] >= 1
+    assert stats["voice"]["engine"]["audio_seconds"] > 0
+    assert 'mlxd_embedding_requests_total{model="voice",outcome="served"}' in metrics
+    assert 'mlxd_speech_audio_seconds_total{model="voice"}' in metrics
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "words"),
+    [
+        ({"input": ""}, 400, "input", "empty"),
+        ({"input": "x" * 201}, 400, "input", "limits.speech_chars"),
+        ({"input": "Hi.", "response_format": "ogg"}, 400, "response_format", "mp3"),
+        ({"input": "Hi.", "speed": 4.5}, 400, "speed", "0.25"),
+        ({"input": "Hi.", "speed": 0.1}, 400, "speed", "4.0"),
+        ({"input": "Hi.", "speed": "fast"}, 400, None, "speed"),
+        ({"input": "Hi.", "stream_format": "ndjson"}, 400, "stream_format", "sse"),
+        ({"input": "Hi.", "colour": "red"}, 400, "colour", "colour"),
+        ({"input": "Hi.", "model": "nope"}, 404, "model", "nope"),
+        ({"input": "Hi.", "model": "chat"}, 400, "model", "/v1/chat/completions"),
+        ({}, 400, None, "input"),
+    ],
+)
+def test_bad_requests(daemon, body, status, param, words) -> None:
+    r = speak(daemon, **body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert words in error["message"]
+    if param is not None:
+        assert error["param"] == param
