@@ -18,8 +18,8 @@ from mlxd.api.http.requestlog import request_log
 from mlxd.api.openai.audio import AudioController
 from mlxd.api.openai.embeddings import EmbeddingsController
 from mlxd.api.openai.rerank import RerankController
-from mlxd.api.openai.speech import SpeechController
 from mlxd.api.openai.routes import OpenAIController
+from mlxd.api.openai.speech import SpeechController
 from mlxd.api.ops.admin import AdminController
 from mlxd.api.ops.downloads import DownloadsController
 from mlxd.api.ops.health import HealthController, root_probe

@@ -168,7 +168,9 @@ def registry_issues(settings: Settings) -> list[ConfigIssue]:
                     "drop name, or list other names in aliases",
                 )
             )
-        if entry.kind in ("rerank", "transcription", "speech") and not entry.path:  # no built-in demo
+        if (
+            entry.kind in ("rerank", "transcription", "speech") and not entry.path
+        ):  # no built-in demo
             issues.append(
                 ConfigIssue(f"{where} path", f'a kind = "{entry.kind}" model needs a path')
             )

@@ -54,7 +54,7 @@ class EncoderUnavailable(Exception):
 def check_format(fmt: str, speed: float = 1.0) -> None:
     """Raise :class:`EncoderUnavailable` when ``fmt`` (or ``speed``) needs what is missing."""
     needs = fmt in _PYAV_NEEDED or speed != 1.0
-    if not needs or importlib.util.find_spec("av") is not None:
+    if not needs or has_pyav():
         return
     what = f"response_format '{fmt}'" if fmt in _PYAV_NEEDED else "a speed other than 1.0"
     raise EncoderUnavailable(
@@ -63,14 +63,24 @@ def check_format(fmt: str, speed: float = 1.0) -> None:
     )
 
 
+def has_pyav() -> bool:
+    """Whether PyAV (``av``) is installed."""
+    return importlib.util.find_spec("av") is not None
+
+
 def wav_stream_header(rate: int) -> bytes:
     """A RIFF/WAVE header for 16-bit mono PCM of unknown length (a stream's)."""
     import struct
 
     unknown = 0xFFFFFFFF
     fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
-    return b"RIFF" + struct.pack("<I", unknown) + b"WAVEfmt " + struct.pack("<I", 16) + fmt + (
-        b"data" + struct.pack("<I", unknown)
+    return (
+        b"RIFF"
+        + struct.pack("<I", unknown)
+        + b"WAVEfmt "
+        + struct.pack("<I", 16)
+        + fmt
+        + (b"data" + struct.pack("<I", unknown))
     )
 
 
@@ -99,7 +109,7 @@ class _Tempo:
     """ffmpeg's ``atempo`` over float mono samples (chained: each stage takes 0.5 to 2)."""
 
     def __init__(self, rate: int, speed: float):
-        import av
+        import av.filter
 
         graph = av.filter.Graph()
         src = graph.add_abuffer(format="flt", sample_rate=rate, layout="mono")
@@ -124,6 +134,7 @@ class _Tempo:
 
     def push(self, samples: np.ndarray | None) -> np.ndarray:
         import av
+        import av.error
 
         graph = self._graph
         if samples is None:
@@ -141,7 +152,7 @@ class _Tempo:
         while True:
             try:
                 frame = graph.pull()
-            except (av.BlockingIOError, av.EOFError):
+            except (av.error.BlockingIOError, av.error.EOFError):
                 break
             out.append(frame.to_ndarray().reshape(-1).astype(np.float32))
         return np.concatenate(out) if out else np.zeros(0, np.float32)

@@ -88,10 +88,11 @@ def _parameters(model: Any) -> frozenset[str]:
 
 def voices_of(model: Any, directory: Path) -> tuple[str, ...]:
     """The voice names ``model`` offers, sorted (empty: one voice, not selectable)."""
-    speakers = getattr(model, "get_supported_speakers", None)
+    speakers: Any = getattr(model, "get_supported_speakers", None)
     if callable(speakers):
         try:
-            names = [str(s) for s in speakers() or ()]
+            listed: Any = speakers()
+            names = [str(s) for s in listed or ()]
         except Exception:  # a model that cannot tell
             names = []
         if names:
@@ -105,8 +106,9 @@ def voices_of(model: Any, directory: Path) -> tuple[str, ...]:
     return ()
 
 
-def segments(loaded: LoadedSpeaker, text: str, voice: str | None, instructions: str | None,
-             speed: float) -> Iterator[tuple[np.ndarray, int]]:
+def segments(
+    loaded: LoadedSpeaker, text: str, voice: str | None, instructions: str | None, speed: float
+) -> Iterator[tuple[np.ndarray, int]]:
     """Each segment's float32 mono samples and the audio tokens it took, as generated."""
     import mlx.core as mx
 
