@@ -164,3 +164,19 @@ def test_no_pyav_is_501_for_its_formats(daemon, monkeypatch) -> None:
     assert r.status_code == 501 and "pip install" in r.json()["error"]["message"]
     assert speak(daemon, input="Hi.", speed=2.0).status_code == 501
     assert speak(daemon, input="Hi.", response_format="wav").status_code == 200
+
+
+def test_a_daemon_process_speaks_through_the_sdk(daemons, tiny_models, tiny_tts_model) -> None:
+    """The one process-level check: ``mlxd serve`` in its own process, the openai SDK."""
+    models = {
+        "chat": {"path": str(tiny_models("llama"))},
+        "tts": {"kind": "speech", "path": str(tiny_tts_model)},
+    }
+    client = daemons.get(toml_config(models=models)).openai()
+    wav = client.audio.speech.create(model="tts", voice="alloy", input="Hi.", response_format="wav")
+    assert decoded(wav.content) == (SAMPLE_RATE, 1, SAMPLES_PER_LINE)
+    with client.audio.speech.with_streaming_response.create(
+        model="tts", voice="alloy", input=TWO_LINES, response_format="pcm"
+    ) as r:
+        pcm = b"".join(r.iter_bytes())
+    assert len(pcm) == 2 * 2 * SAMPLES_PER_LINE
