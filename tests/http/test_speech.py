@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.support.daemon import toml_config
-from tests.support.tinytts import SAMPLE_RATE, SAMPLES_PER_LINE
+from tests.support.tinytts import SAMPLE_RATE, SAMPLES_PER_LINE, VOICES
 
 pytest.importorskip("mlx_audio")
 av = pytest.importorskip("av")
@@ -50,11 +50,11 @@ def decoded(data: bytes) -> tuple[int, int, int]:
 def test_each_format_decodes_to_the_pcm_length(daemon) -> None:
     client = daemon.openai(api_key=MAIN)
     raw = client.audio.speech.with_raw_response.create(
-        model="voice", voice="alloy", input="Hello.", response_format="pcm"
+        model="voice", voice="af_tiny", input="Hello.", response_format="pcm"
     )
     assert raw.headers["content-type"] == "audio/pcm"
     assert raw.headers["x-mlxd-sample-rate"] == str(SAMPLE_RATE)
-    assert raw.headers["x-mlxd-ignored-parameters"] == "voice"  # Soprano has one voice
+    assert "x-mlxd-ignored-parameters" not in raw.headers
     pcm = raw.content
     assert len(pcm) == 2 * SAMPLES_PER_LINE  # 16-bit mono
     seconds = len(pcm) / 2 / SAMPLE_RATE
@@ -66,7 +66,7 @@ def test_each_format_decodes_to_the_pcm_length(daemon) -> None:
         ("opus", "audio/ogg", 48_000),
     ]:
         r = client.audio.speech.with_raw_response.create(
-            model="voice", voice="alloy", input="Hello.", response_format=fmt
+            model="voice", voice="am_tiny", input="Hello.", response_format=fmt
         )
         assert r.headers["content-type"] == media
         got_rate, channels, samples = decoded(r.content)
@@ -90,7 +90,7 @@ def test_default_format_is_mp3_and_speed_changes_length(daemon) -> None:
 def test_streams_in_pieces_and_sse(daemon) -> None:
     client = daemon.openai(api_key=MAIN)
     with client.audio.speech.with_streaming_response.create(
-        model="voice", voice="alloy", input=TWO_LINES, response_format="wav"
+        model="voice", voice="af_tiny", input=TWO_LINES, response_format="wav"
     ) as r:
         pieces = [chunk for chunk in r.iter_bytes(64) if chunk]
         assert r.headers["content-type"] == "audio/wav"
@@ -117,7 +117,8 @@ def test_models_stats_metrics(daemon) -> None:
         stats = {m["id"]: m for m in http.get("/stats").json()["fleet"]["models"]}
         metrics = http.get("/metrics").text
     assert models["voice"]["kind"] == "speech"
-    assert models["voice"]["sample_rate"] == SAMPLE_RATE and models["voice"]["voices"] == []
+    assert models["voice"]["sample_rate"] == SAMPLE_RATE
+    assert models["voice"]["voices"] == list(VOICES)
     assert stats["voice"]["engine"]["requests_served"] >= 1
     assert stats["voice"]["engine"]["audio_seconds"] > 0
     assert 'mlxd_embedding_requests_total{model="voice",outcome="served"}' in metrics
@@ -149,6 +150,16 @@ def test_bad_requests(daemon, body, status, param, words) -> None:
         assert error["param"] == param
 
 
+def test_voices_and_instructions(daemon) -> None:
+    r = speak(daemon, input="Hi.", voice="alloy")
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "voice" and "af_tiny, am_tiny" in error["message"]
+    r = speak(daemon, input="Hi.", voice="af_tiny", instructions="Calm.", response_format="pcm")
+    assert r.status_code == 200
+    assert r.headers["x-mlxd-ignored-parameters"] == "instructions"  # Soprano takes none
+
+
 def test_keys_models_and_quotas(daemon) -> None:
     refused = speak(daemon, key="sk-chat-only", input="Hi.")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
@@ -173,10 +184,12 @@ def test_a_daemon_process_speaks_through_the_sdk(daemons, tiny_models, tiny_tts_
         "tts": {"kind": "speech", "path": str(tiny_tts_model)},
     }
     client = daemons.get(toml_config(models=models)).openai()
-    wav = client.audio.speech.create(model="tts", voice="alloy", input="Hi.", response_format="wav")
+    wav = client.audio.speech.create(
+        model="tts", voice="af_tiny", input="Hi.", response_format="wav"
+    )
     assert decoded(wav.content) == (SAMPLE_RATE, 1, SAMPLES_PER_LINE)
     with client.audio.speech.with_streaming_response.create(
-        model="tts", voice="alloy", input=TWO_LINES, response_format="pcm"
+        model="tts", voice="am_tiny", input="Hi.", response_format="pcm"
     ) as r:
         pcm = b"".join(r.iter_bytes())
-    assert len(pcm) == 2 * 2 * SAMPLES_PER_LINE
+    assert len(pcm) == 2 * SAMPLES_PER_LINE

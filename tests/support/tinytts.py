@@ -15,7 +15,9 @@ maps ``[START]`` to token A, A to B, B to C and every other token to
 ``[STOP]``, each by a margin no sampling temperature crosses. So every
 sentence is three audio tokens: ``4 * 2048 - 2048 = 6144`` samples (0.192 s),
 and a text of N lines is N segments. The decoder's weights stay random: the
-audio is noise, of a known length. Built once and cached, like
+audio is noise, of a known length. ``voices/`` holds two placeholder files
+(:data:`VOICES`), so the tests reach mlxd's voice check as a Kokoro
+directory's voices would; Soprano ignores the voice it is passed. Built once and cached, like
 :mod:`tests.support.tinywhisper`.
 """
 
@@ -27,11 +29,14 @@ from typing import Any
 
 from tests.support.tinymodels import build_once, cache_root
 
-CONTENT_VERSION = "t1"
+CONTENT_VERSION = "t2"
 
 # What one sentence (one line of input) becomes: 6144 samples at 32 kHz.
 SAMPLE_RATE = 32_000
 SAMPLES_PER_LINE = 6144
+# Placeholder voice files in voices/ (the layout Kokoro's voices have): mlxd lists and
+# checks them; Soprano itself has one voice and ignores the name it is given.
+VOICES = ("af_tiny", "am_tiny")
 
 HIDDEN = 64
 CONFIG: dict[str, Any] = {
@@ -98,12 +103,15 @@ def build_tiny_tts(out: Path, *, seed: int = 0) -> Path:
         layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
         layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
     (out / "config.json").write_text(json.dumps(config))
+    (out / "voices").mkdir()
+    for voice in VOICES:
+        (out / "voices" / f"{voice}.safetensors").write_bytes(b"placeholder")
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     return out
 
 
 def tiny_tts_dir(*, seed: int = 0) -> Path:
-    """A cached build under ``<cache_root()>/t1/soprano-<seed>``."""
+    """A cached build under ``<cache_root()>/t2/soprano-<seed>``."""
     final = cache_root() / CONTENT_VERSION / f"soprano-{seed}"
     return build_once(final, lambda tmp: build_tiny_tts(tmp, seed=seed))
