@@ -62,6 +62,19 @@ def test_pcm_and_wav_without_pyav() -> None:
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (RATE, 1, 2)
 
 
+def test_pcm_is_openais_24khz(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("av")
+    samples = (np.sin(np.arange(32_000) / 7) * 0.5).astype(np.float32)  # 1 s at 32 kHz
+    enc = Encoder("pcm", 32_000)
+    raw = enc.feed(samples[:10_000]) + enc.feed(samples[10_000:]) + enc.close()
+    assert enc.out_rate == 24_000 and len(raw) == 2 * 24_000
+    from mlxd.engine.audio import encode
+
+    monkeypatch.setattr(encode, "has_pyav", lambda: False)
+    plain = Encoder("pcm", 32_000)  # without PyAV: the model's rate
+    assert plain.out_rate == 32_000 and len(plain.feed(samples) + plain.close()) == 64_000
+
+
 def test_out_of_range_samples_are_clipped() -> None:
     enc = Encoder("pcm", RATE)
     raw = enc.feed(np.array([2.0, -3.0, 0.0], np.float32)) + enc.close()

@@ -4,8 +4,9 @@ Text-to-speech's encoding half (issue 37, ``kind = "speech"``). An
 :class:`Encoder` takes float samples in [-1, 1] as the model makes them and
 gives back the bytes of the answer so far, so every format streams:
 
-- ``pcm``: raw 16-bit little-endian mono at the model's rate (OpenAI's ``pcm``
-  is 24 kHz; here the model's rate, which the route says in a header);
+- ``pcm``: raw 16-bit little-endian mono at 24 kHz as OpenAI's (resampled by
+  PyAV from the model's rate; without PyAV, the model's rate), the rate also
+  said in a response header;
 - ``wav``: PCM in a RIFF header written for a stream (the sizes unknown:
   ``0xFFFFFFFF``, as OpenAI's streamed wav has them);
 - ``mp3`` (LAME), ``opus`` (libopus in Ogg, resampled to 48 kHz), ``aac``
@@ -45,6 +46,10 @@ _PYAV = {
     "flac": ("flac", "flac"),
 }
 _PYAV_NEEDED = frozenset(_PYAV)
+# libopus's rate (of those it takes, the one every model's rate resamples to cleanly).
+OPUS_RATE = 48_000
+# OpenAI's pcm: 24 kHz, 16-bit little-endian mono.
+PCM_RATE = 24_000
 
 
 class EncoderUnavailable(Exception):
@@ -159,7 +164,12 @@ class _Tempo:
 
 
 class Encoder:
-    """One answer's encoder: :meth:`feed` samples as they come, :meth:`close` at the end."""
+    """One answer's encoder: :meth:`feed` samples as they come, :meth:`close` at the end.
+
+    :attr:`out_rate` is the answer's sample rate: the model's, but 48 kHz for
+    ``opus`` (libopus's rate) and OpenAI's 24 kHz for ``pcm`` when PyAV is
+    there to resample (a ``pcm`` reader cannot be told the rate in the data).
+    """
 
     def __init__(self, fmt: str, rate: int, speed: float = 1.0):
         if fmt not in MEDIA_TYPES:
@@ -170,49 +180,54 @@ class Encoder:
         self._started = False
         self._container: Any = None
         self._stream: Any = None
+        self._resampler: Any = None
         self._sink = _Sink()
         self._pts = 0
+        self.out_rate = rate
+        if fmt == "opus":
+            self.out_rate = OPUS_RATE
+        elif fmt == "pcm" and rate != PCM_RATE and has_pyav():
+            self.out_rate = PCM_RATE
+        if self.out_rate != rate:
+            import av
+
+            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=self.out_rate)
         if fmt in _PYAV:
             import av
 
             muxer, codec = _PYAV[fmt]
-            self._container = av.open(self._sink, mode="w", format=muxer)
-            out_rate = 48_000 if fmt == "opus" else rate
-            stream: Any = self._container.add_stream(codec, rate=out_rate, layout="mono")
+            # Ogg pages of 20 ms: the default second-long page would hold the stream back.
+            options = {"page_duration": "20000"} if muxer == "ogg" else {}
+            self._container = av.open(self._sink, mode="w", format=muxer, options=options)
+            stream: Any = self._container.add_stream(codec, rate=self.out_rate, layout="mono")
             self._stream = stream
-            if fmt == "opus" and out_rate != rate:
-                self._resampler = av.AudioResampler(format="flt", layout="mono", rate=out_rate)
-            else:
-                self._resampler = None
 
     def feed(self, samples: np.ndarray) -> bytes:
         """The encoded bytes for ``samples`` (float mono), as far as the encoder has gone."""
         data = np.asarray(samples, dtype=np.float32).reshape(-1)
         if self._tempo is not None:
             data = self._tempo.push(data)
-        return self._encode(data)
+        return self._encode(self._frames(data))
 
     def close(self) -> bytes:
         """The answer's last bytes (what the encoder held back, the container's trailer)."""
         tail = self._tempo.push(None) if self._tempo is not None else np.zeros(0, np.float32)
-        out = self._encode(tail)
+        frames = self._frames(tail)
+        if self._resampler is not None:
+            frames += list(self._resampler.resample(None))
+        out = self._encode(frames)
         if self._container is None:
             return out
-        for frame in self._resample(None):
-            self._container.mux(self._stream.encode(frame))
         self._container.mux(self._stream.encode(None))
         self._container.close()
         return out + self._sink.take()
 
-    def _encode(self, data: np.ndarray) -> bytes:
-        head = b""
-        if not self._started:
-            self._started = True
-            head = wav_stream_header(self.rate) if self.format == "wav" else b""
-        if self._container is None:  # pcm, wav
-            return head + (to_int16(data).tobytes() if data.size else b"")
+    def _frames(self, data: np.ndarray) -> list[Any]:
+        """``data`` as PyAV frames at :attr:`out_rate` (plain arrays without PyAV)."""
+        if self._container is None and self._resampler is None:
+            return [data] if data.size else []
         if not data.size:
-            return self._sink.take()
+            return []
         import av
 
         frame = av.AudioFrame.from_ndarray(
@@ -222,11 +237,18 @@ class Encoder:
         frame.pts = self._pts
         frame.time_base = Fraction(1, self.rate)
         self._pts += data.size
-        for out in self._resample(frame):
-            self._container.mux(self._stream.encode(out))
-        return self._sink.take()
+        return list(self._resampler.resample(frame)) if self._resampler is not None else [frame]
 
-    def _resample(self, frame: Any) -> list[Any]:
-        if self._resampler is None:
-            return [frame] if frame is not None else []
-        return list(self._resampler.resample(frame))
+    def _encode(self, frames: list[Any]) -> bytes:
+        head = b""
+        if not self._started:
+            self._started = True
+            head = wav_stream_header(self.out_rate) if self.format == "wav" else b""
+        if self._container is None:  # pcm, wav: the samples themselves
+            arrays = [
+                f if isinstance(f, np.ndarray) else f.to_ndarray().reshape(-1) for f in frames
+            ]
+            return head + b"".join(to_int16(a).tobytes() for a in arrays)
+        for frame in frames:
+            self._container.mux(self._stream.encode(frame))
+        return self._sink.take()

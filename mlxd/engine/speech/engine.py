@@ -245,7 +245,7 @@ class SpeechEngine:
             return
         speed = 1.0 if info.takes_speed else job.speed
         encoder = Encoder(job.response_format, info.sample_rate, speed)
-        job.deliver(SpeechStarted(info.sample_rate))
+        job.deliver(SpeechStarted(encoder.out_rate))
         samples = tokens = parts = 0
         try:
             for audio, used in segments(loaded, job.text, job.voice, job.instructions, job.speed):
