@@ -201,3 +201,27 @@ def test_a_daemon_process_speaks_through_the_sdk(daemons, tiny_models, tiny_tts_
     ) as r:
         pcm = b"".join(r.iter_bytes())
     assert len(pcm) == PCM_LINE
+
+
+def test_failures_before_and_after_the_first_byte(daemon, monkeypatch) -> None:
+    import numpy as np
+
+    from mlxd.engine.speech import loading
+
+    def no_phonemizer(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'misaki'", name="misaki")
+        yield  # a generator, as mlx-audio's generate() is
+
+    def breaks_mid_way(*args, **kwargs):
+        yield np.zeros(SAMPLES_PER_LINE, np.float32), 4
+        raise RuntimeError("the model broke")
+
+    monkeypatch.setattr(loading, "segments", no_phonemizer)
+    r = speak(daemon, input="Hi.")
+    assert r.status_code == 503, r.text
+    assert "misaki" in r.json()["error"]["message"]
+    monkeypatch.setattr(loading, "segments", breaks_mid_way)
+    sse = speak(daemon, input="Hi.", response_format="pcm", stream_format="sse")
+    events = [json.loads(x[6:]) for x in sse.text.splitlines() if x.startswith("data: ")]
+    assert [e["type"] for e in events][0] == "speech.audio.delta"
+    assert events[-1]["type"] == "error" and "broke" in events[-1]["error"]["message"]

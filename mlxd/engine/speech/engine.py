@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import queue
 import threading
@@ -244,11 +245,19 @@ class SpeechEngine:
             self._fail(job, Failed("cancelled", "the client went away", 499))
             return
         speed = 1.0 if info.takes_speed else job.speed
-        encoder = Encoder(job.response_format, info.sample_rate, speed)
+        pieces = segments(loaded, job.text, job.voice, job.instructions, job.speed)
+        # The first segment before the first byte: a model that cannot speak at all
+        # (a missing phonemizer, a broken voice file) still gets an error answer.
+        try:
+            first = next(pieces, None)
+            encoder = Encoder(job.response_format, info.sample_rate, speed)
+        except Exception as exc:
+            self._fail(job, _cannot_speak(self.model_id, exc))
+            return
         job.deliver(SpeechStarted(encoder.out_rate))
         samples = tokens = parts = 0
         try:
-            for audio, used in segments(loaded, job.text, job.voice, job.instructions, job.speed):
+            for audio, used in itertools.chain([first] if first is not None else [], pieces):
                 samples += audio.size
                 tokens += used
                 parts += 1
@@ -303,6 +312,20 @@ class SpeechEngine:
     def _update(self, **changes: Any) -> None:
         with self._lock:
             self._snap = replace(self._snap, **changes)
+
+
+def _cannot_speak(model_id: str, exc: Exception) -> Failed:
+    """A failure before the first segment, as the request's error answer."""
+    if isinstance(exc, ImportError):  # a family's own dependency (misaki, phonemizer, ...)
+        name = getattr(exc, "name", None) or str(exc)
+        return Failed(
+            "model_load_failed",
+            f"The speech model '{model_id}' needs the Python package '{name}', which is not "
+            f"installed: pip install it where mlxd runs ({exc}).",
+            503,
+        )
+    logger.error("speech model %s failed before its first segment", model_id, exc_info=exc)
+    return Failed("generation_error", f"speech failed: {type(exc).__name__}: {exc}", 500)
 
 
 def _shutting_down() -> Failed:

@@ -51,7 +51,13 @@ def load_speaker(path: str | None, model_id: str) -> LoadedSpeaker:
         )
     config = json.loads(config_file.read_text())
     from mlx.utils import tree_flatten
-    from mlx_audio.tts import load
+
+    try:
+        from mlx_audio.tts import load
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"{model_id}: a speech model needs mlx-audio ({exc}): pip install 'mlxd[audio]'"
+        ) from None
 
     try:
         model = load(str(directory))
