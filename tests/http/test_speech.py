@@ -223,5 +223,5 @@ def test_failures_before_and_after_the_first_byte(daemon, monkeypatch) -> None:
     monkeypatch.setattr(loading, "segments", breaks_mid_way)
     sse = speak(daemon, input="Hi.", response_format="pcm", stream_format="sse")
     events = [json.loads(x[6:]) for x in sse.text.splitlines() if x.startswith("data: ")]
-    assert [e["type"] for e in events][0] == "speech.audio.delta"
+    assert events[0]["type"] == "speech.audio.delta"
     assert events[-1]["type"] == "error" and "broke" in events[-1]["error"]["message"]
