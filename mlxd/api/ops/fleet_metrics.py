@@ -88,8 +88,9 @@ EMBEDDING_COUNTERS = (
 )
 
 
-# A reranker's and a transcription model's engines count in the same families (for a
-# transcription model: inputs = uploads, tokens = tokens generated, passes = model calls).
+# A reranker's, a transcription model's and a speech model's engines count in the same
+# families (for a transcription model: inputs = uploads, tokens = tokens generated, passes
+# = model calls; for a speech model: texts spoken, audio tokens, segments).
 EMBEDDING_KINDS = ("embedding", "rerank", "transcription", "speech")
 
 
