@@ -124,6 +124,7 @@ def test_models_stats_metrics(daemon) -> None:
         models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
         stats = {m["id"]: m for m in http.get("/stats").json()["fleet"]["models"]}
         metrics = http.get("/metrics").text
+        panel = http.get("/dashboard/models").text  # the dashboard's models panel
     assert models["voice"]["kind"] == "speech"
     assert models["voice"]["sample_rate"] == SAMPLE_RATE
     assert models["voice"]["voices"] == list(VOICES)
@@ -131,6 +132,7 @@ def test_models_stats_metrics(daemon) -> None:
     assert stats["voice"]["engine"]["audio_seconds"] > 0
     assert 'mlxd_embedding_requests_total{model="voice",outcome="served"}' in metrics
     assert 'mlxd_speech_audio_seconds_total{model="voice"}' in metrics
+    assert '<code>voice</code> <span class="badge kind-speech">speech</span>' in panel
 
 
 @pytest.mark.parametrize(
