@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
+import time
 
 import pytest
 
@@ -118,8 +120,14 @@ def test_streams_in_pieces_and_sse(daemon) -> None:
     assert len(audio) == 2 * PCM_LINE
 
 
-def test_models_stats_metrics(daemon) -> None:
-    assert speak(daemon, input="Hi.", response_format="pcm").status_code == 200
+def test_models_stats_metrics(daemon, caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="mlxd.requests"):
+        assert speak(daemon, input="Hi.", response_format="pcm").status_code == 200
+        deadline = time.monotonic() + 10  # written once the last byte is sent
+        while "POST /v1/audio/speech 200" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    # The request log line: the key, the model, one input, the audio tokens.
+    assert "POST /v1/audio/speech 200 key=main model=voice inputs=1 generated=4" in caplog.text
     with daemon.client(headers={"Authorization": f"Bearer {MAIN}"}) as http:
         models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
         stats = {m["id"]: m for m in http.get("/stats").json()["fleet"]["models"]}
