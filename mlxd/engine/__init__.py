@@ -83,7 +83,7 @@ from mlxd.engine.policy.priority import capped as capped_priority
 from mlxd.engine.rerank.pairs import pair_texts as rerank_pair_texts
 from mlxd.engine.snapshot import RecentLookup, Snapshot
 from mlxd.engine.speech.messages import SpeechAudio, SpeechDone, SpeechJob, SpeechStarted
-from mlxd.engine.speech.voices import speed_refusal
+from mlxd.engine.speech.voices import speed_refusal, voice_refusal
 from mlxd.engine.transcription.messages import TranscriptionJob
 
 if TYPE_CHECKING:
@@ -175,4 +175,5 @@ __all__ = [
     "template_tool",
     "tool_constraint",
     "validate_constraint",
+    "voice_refusal",
 ]

@@ -4,8 +4,9 @@
 is checked here (400s naming the field), then spoken by the named (else the
 default) ``kind = "speech"`` model's engine (:mod:`mlxd.engine.speech`), held
 through the usual lease (keys' ``models``, quotas, loading under ``[memory]
-budget``). The engine checks the voice against the model's own before the
-first byte, so a refusal is still an error answer; then the audio streams in
+budget``). The voice is checked against the model's own once it is loaded;
+the engine makes the first segment before the first byte, so a model that
+cannot speak still gets an error answer; then the audio streams in
 ``response_format`` (chunked transfer) one generated segment at a time, or,
 with ``stream_format: "sse"``, as OpenAI's ``speech.audio.delta`` events
 (base64) and one ``speech.audio.done``. The lease is held until the last
@@ -42,6 +43,7 @@ from mlxd.engine import (
     SpeechStarted,
     check_speech_format,
     speed_refusal,
+    voice_refusal,
 )
 
 STREAM_FORMATS = ("audio", "sse")
@@ -146,6 +148,11 @@ async def serve_speech(request: Request, state: AppState) -> Response[Any]:
     with released_on_error(lease):
         note.model = lease.id
         info = lease.engine.info
+        # The voice against the model's own now, not after the texts queued before it.
+        refusal = voice_refusal(req.voice, info.voices, lease.id) if info is not None else None
+        if refusal is not None:
+            note.error = "invalid_value"
+            raise _bad(refusal, "voice")
         lease.engine.submit(job)
         try:
             first = await events.get()

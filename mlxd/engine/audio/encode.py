@@ -15,8 +15,10 @@ gives back the bytes of the answer so far, so every format streams:
 
 ``speed`` other than 1 runs the samples through ffmpeg's ``atempo`` filter
 (tempo changed, pitch kept) for models that cannot speak faster themselves.
-Nothing here is a hand-written encoder. Without PyAV only ``pcm`` and ``wav``
-are available, and :func:`check_format` says what to install.
+Nothing here is a hand-written encoder (mlx-audio's own server writes wav with
+miniaudio and runs an ``ffmpeg`` binary for the rest, which a machine may lack;
+PyAV's wheels carry the libraries). Without PyAV only ``pcm`` and ``wav`` are
+available, and :func:`check_format` says what to install.
 """
 
 from __future__ import annotations
