@@ -19,6 +19,7 @@ from mlxd.api.openai.audio import AudioController
 from mlxd.api.openai.embeddings import EmbeddingsController
 from mlxd.api.openai.rerank import RerankController
 from mlxd.api.openai.routes import OpenAIController
+from mlxd.api.openai.speech import SpeechController
 from mlxd.api.ops.admin import AdminController
 from mlxd.api.ops.downloads import DownloadsController
 from mlxd.api.ops.health import HealthController, root_probe
@@ -44,6 +45,7 @@ def api_router() -> Router:
             EmbeddingsController,  # /v1/embeddings
             RerankController,  # /v1/rerank
             AudioController,  # /v1/audio/transcriptions, /v1/audio/translations
+            SpeechController,  # /v1/audio/speech
             ResponsesController,  # /v1/responses
             messages_router(),  # /v1/messages: Anthropic's, in its own envelope
             FilesController,  # /v1/files (the Batch API's files)

@@ -53,12 +53,13 @@ SpeculativeOverride = _override(SpeculativeSettings)
 class ModelEntry(ModelSettings):
     """One ``[models.<id>]`` table: which model, and how it is served."""
 
-    kind: Literal["chat", "embedding", "rerank", "transcription"] = _field(
+    kind: Literal["chat", "embedding", "rerank", "transcription", "speech"] = _field(
         "chat",
         "swap",
         'What the model serves: "chat" (chat, completions, responses, messages), '
-        '"embedding" (/v1/embeddings), "rerank" (/v1/rerank) or "transcription" '
-        "(/v1/audio/transcriptions and /translations, a Whisper model through mlx-audio).",
+        '"embedding" (/v1/embeddings), "rerank" (/v1/rerank), "transcription" '
+        "(/v1/audio/transcriptions and /translations, a Whisper model through mlx-audio) "
+        'or "speech" (/v1/audio/speech, a text-to-speech model through mlx-audio).',
     )
     default: bool = _field(
         False, "live", "Serve requests that name no model (one default per kind)."

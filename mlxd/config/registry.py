@@ -168,7 +168,8 @@ def registry_issues(settings: Settings) -> list[ConfigIssue]:
                     "drop name, or list other names in aliases",
                 )
             )
-        if entry.kind in ("rerank", "transcription") and not entry.path:  # no built-in demo
+        no_demo = ("rerank", "transcription", "speech")  # kinds with no built-in model
+        if entry.kind in no_demo and not entry.path:
             issues.append(
                 ConfigIssue(f"{where} path", f'a kind = "{entry.kind}" model needs a path')
             )

@@ -248,6 +248,13 @@ class LimitSettings(Section):
         "decoding; longer gets 400.",
         gt=0,
     )
+    speech_chars: int = _field(
+        4096,
+        "live",
+        "Most characters one text-to-speech input may carry (/v1/audio/speech; OpenAI's "
+        "bound); longer gets 400.",
+        ge=1,
+    )
     image_fetch_timeout: float = _field(
         10.0,
         "live",

@@ -13,6 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mlxd.engine.audio.decode import AudioError, Decoded, decode_audio
+from mlxd.engine.audio.encode import FORMATS as SPEECH_FORMATS
+from mlxd.engine.audio.encode import MEDIA_TYPES as SPEECH_MEDIA_TYPES
+from mlxd.engine.audio.encode import EncoderUnavailable
+from mlxd.engine.audio.encode import check_format as check_speech_format
 from mlxd.engine.audio.transcript import FORMATS as TRANSCRIPT_FORMATS
 from mlxd.engine.audio.transcript import GRANULARITIES as TRANSCRIPT_GRANULARITIES
 from mlxd.engine.audio.transcript import Transcript
@@ -78,6 +82,8 @@ from mlxd.engine.policy.priority import CLASSES as PRIORITY_CLASSES
 from mlxd.engine.policy.priority import capped as capped_priority
 from mlxd.engine.rerank.pairs import pair_texts as rerank_pair_texts
 from mlxd.engine.snapshot import RecentLookup, Snapshot
+from mlxd.engine.speech.messages import SpeechAudio, SpeechDone, SpeechJob, SpeechStarted
+from mlxd.engine.speech.voices import speed_refusal, voice_refusal
 from mlxd.engine.transcription.messages import TranscriptionJob
 
 if TYPE_CHECKING:
@@ -88,6 +94,8 @@ __all__ = [
     "IMAGE_PART",
     "MODEL_STATES",
     "PRIORITY_CLASSES",
+    "SPEECH_FORMATS",
+    "SPEECH_MEDIA_TYPES",
     "TOOL_GRAMMAR_FORMATS",
     "TRANSCRIPT_FORMATS",
     "TRANSCRIPT_GRANULARITIES",
@@ -107,6 +115,7 @@ __all__ = [
     "EmbeddingInfo",
     "EmbeddingResult",
     "EmbeddingSnapshot",
+    "EncoderUnavailable",
     "Engine",
     "ErrorCode",
     "Event",
@@ -133,6 +142,10 @@ __all__ = [
     "RequestHandle",
     "SamplingParams",
     "Snapshot",
+    "SpeechAudio",
+    "SpeechDone",
+    "SpeechJob",
+    "SpeechStarted",
     "StructureError",
     "TextPrompt",
     "TokenLogprob",
@@ -148,6 +161,7 @@ __all__ = [
     "check_embedding_inputs",
     "check_image_count",
     "check_request",
+    "check_speech_format",
     "custom_constraint",
     "custom_grammar",
     "decode_audio",
@@ -157,7 +171,9 @@ __all__ = [
     "json_constraint",
     "render_transcript",
     "rerank_pair_texts",
+    "speed_refusal",
     "template_tool",
     "tool_constraint",
     "validate_constraint",
+    "voice_refusal",
 ]

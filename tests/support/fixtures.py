@@ -88,3 +88,11 @@ def tiny_whisper_model() -> Path:
     from tests.support.tinywhisper import tiny_whisper_dir
 
     return tiny_whisper_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_tts_model() -> Path:
+    """The tiny Soprano text-to-speech model's directory (built once, cached)."""
+    from tests.support.tinytts import tiny_tts_dir
+
+    return tiny_tts_dir()

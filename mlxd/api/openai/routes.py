@@ -208,4 +208,7 @@ def model_json(model: ModelState) -> dict[str, Any]:
     elif model.kind == "transcription" and caps:  # its text decoder's
         out["context_length"] = caps.get("context_length")
         out["vocab_size"] = caps.get("vocab_size")
+    elif model.kind == "speech" and caps:  # the audio it makes, the voices it has
+        out["sample_rate"] = caps.get("sample_rate")
+        out["voices"] = list(caps.get("voices") or ())
     return out

@@ -77,6 +77,7 @@ class FleetCollector(Collector):
                 state.add_metric([m.id, name], float(m.state == name))
         yield state
         yield from _embedding_metrics(models)
+        yield _speech_seconds(models)
 
 
 # Counters of a loaded embedding model's engine (EmbeddingSnapshot), since its load.
@@ -87,9 +88,10 @@ EMBEDDING_COUNTERS = (
 )
 
 
-# A reranker's and a transcription model's engines count in the same families (for a
-# transcription model: inputs = uploads, tokens = tokens generated, passes = model calls).
-EMBEDDING_KINDS = ("embedding", "rerank", "transcription")
+# A reranker's, a transcription model's and a speech model's engines count in the same
+# families (for a transcription model: inputs = uploads, tokens = tokens generated, passes
+# = model calls; for a speech model: texts spoken, audio tokens, segments).
+EMBEDDING_KINDS = ("embedding", "rerank", "transcription", "speech")
 
 
 def _embedding_metrics(models: list[ModelState]) -> Iterator[Metric]:
@@ -117,3 +119,16 @@ def _embedding_metrics(models: list[ModelState]) -> Iterator[Metric]:
         for m in loaded:
             gauge.add_metric([m.id], m.engine.get(key, 0))
         yield gauge
+
+
+def _speech_seconds(models: list[ModelState]) -> Metric:
+    """Seconds of audio each loaded speech model has made (kind = "speech")."""
+    family = CounterMetricFamily(
+        "mlxd_speech_audio_seconds",
+        "Seconds of audio a speech model has generated (/v1/audio/speech), before speed.",
+        labels=["model"],
+    )
+    for m in models:
+        if m.kind == "speech" and m.engine:
+            family.add_metric([m.id], float(m.engine.get("audio_seconds", 0.0)))
+    return family

@@ -86,6 +86,10 @@ class Fleet:
                 lambda s, model_id, pool, at_start: _transcription_engine(s, model_id),
                 loads_at_start=False,
             ),
+            "speech": EngineMaker(
+                lambda s, model_id, pool, at_start: _speech_engine(s, model_id),
+                loads_at_start=False,
+            ),
         }
         self._slots = slots = Slots(settings, self.pool, makers)
         self._unloads = Unloads(slots)
@@ -251,6 +255,12 @@ def _transcription_engine(settings: Settings, model_id: str) -> AnyEngine:
     from mlxd.engine.transcription.engine import TranscriptionEngine
 
     return TranscriptionEngine(settings, model_id)
+
+
+def _speech_engine(settings: Settings, model_id: str) -> AnyEngine:
+    from mlxd.engine.speech.engine import SpeechEngine
+
+    return SpeechEngine(settings, model_id)
 
 
 def _embedding_engine(settings: Settings, model_id: str) -> AnyEngine:

@@ -38,6 +38,7 @@ _ROUTES = {
     "embedding": "/v1/embeddings",
     "rerank": "/v1/rerank",
     "transcription": "/v1/audio/transcriptions and /v1/audio/translations",
+    "speech": "/v1/audio/speech",
 }
 _NONE_OF_KIND = {
     "chat": "This server has no chat model. Add a [models.<id>] table with a path "
@@ -48,6 +49,9 @@ _NONE_OF_KIND = {
     "transcription": "This server has no transcription model. Add one: a [models.<id>] table "
     'with kind = "transcription" and the path of a Whisper model '
     "(docs/configuration.md#transcription-models).",
+    "speech": "This server has no speech model. Add one: a [models.<id>] table with "
+    'kind = "speech" and the path of an mlx-audio text-to-speech model '
+    "(docs/configuration.md#speech-models).",
     "rerank": "This server has no reranker or embedding model. Add one: a [models.<id>] table "
     'with kind = "rerank" (or "embedding") and a path (docs/configuration.md#rerankers).',
 }

@@ -35,6 +35,8 @@ _CAPABILITIES = (
     "max_token_chars",
     "dimensions",
     "supports_dimensions",
+    "sample_rate",  # a speech model's (kind = "speech"), with its voices
+    "voices",
 )
 
 

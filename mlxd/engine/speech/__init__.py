@@ -1,0 +1,1 @@
+"""Text-to-speech models (``kind = "speech"``): mlx-audio's TTS families."""
