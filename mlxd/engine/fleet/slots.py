@@ -47,7 +47,7 @@ _NONE_OF_KIND = {
     'kind = "embedding" and a path, or the built-in demo: [models.minilm] kind = '
     '"embedding" with no path (docs/configuration.md#embedding-models).',
     "transcription": "This server has no transcription model. Add one: a [models.<id>] table "
-    'with kind = "transcription" and the path of a Whisper model '
+    'with kind = "transcription" and the path of a Whisper or Parakeet model '
     "(docs/configuration.md#transcription-models).",
     "speech": "This server has no speech model. Add one: a [models.<id>] table with "
     'kind = "speech" and the path of an mlx-audio text-to-speech model '
