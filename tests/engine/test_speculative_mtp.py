@@ -1,0 +1,117 @@
+"""``[speculative] mode = "mtp"``: a GLM-4.5 model drafts with the MTP layer of its checkpoint.
+
+A tiny random ``glm4_moe`` carries an MTP layer (tests/support/tinymtp.py):
+with random weights its drafts are mostly rejected (the mechanics run and
+greedy output must not change); its "echo" variant is a bigram model whose
+MTP layer predicts what the target will choose, so drafts are accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+
+from mlxd.engine.chat.loading import ModelLoadError
+from mlxd.engine.policy.spec_depth import StepCosts
+from tests.support.engine import run_all, running_engine, settled, token_request
+from tests.support.tinymtp import tiny_mtp_dir
+
+MAX_TOKENS = 16
+WIDE = {"saturation_tokens": 100_000}  # the cost model never cuts the depth here
+TEXTS = [
+    "The river runs past the old mill.",
+    "A small computer reads a prompt and predicts.",
+    "Memory grows with every token.",
+    "one two three one two three",
+]
+
+
+@pytest.fixture(autouse=True)
+def formula_costs(monkeypatch):
+    """The cost model's formula only: step times measured on a shared CPU would vary."""
+    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, width: None)
+
+
+@functools.cache
+def _tokenizer(model_dir):
+    from mlx_lm.tokenizer_utils import load
+
+    return load(model_dir)
+
+
+def waves(model_dir, mode: str):
+    """Four rows at once, then one alone, in one engine; (outputs, counters, weights bytes)."""
+    spec = {"mode": mode, "max_draft_tokens": 3, **WIDE}
+    with running_engine(
+        model_dir, batch={"size": 4, "prompt_concurrency": 4}, speculative=spec
+    ) as engine:
+        tokenizer = _tokenizer(model_dir)
+        four = run_all(
+            engine,
+            [token_request(f"r{i}", tokenizer.encode(t), MAX_TOKENS) for i, t in enumerate(TEXTS)],
+        )
+        solo = run_all(engine, [token_request("solo", tokenizer.encode(TEXTS[1]), MAX_TOKENS)])
+        counters = dict(settled(engine).counters)
+        assert engine.info is not None
+        weights = engine.info.weights_bytes
+    return [o.tokens for o in [*four, *solo]], counters, weights
+
+
+@pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])
+def test_greedy_output_with_the_mtp_head_equals_speculation_off(echo):
+    model_dir = tiny_mtp_dir(echo=echo)
+    off, off_counters, off_weights = waves(model_dir, "off")
+    on, counters, weights = waves(model_dir, "mtp")
+    assert on == off
+    assert all(len(t) == MAX_TOKENS for t in off)
+    assert off_counters["spec_drafted_tokens"] == 0
+    drafted, accepted = counters["spec_drafted_tokens"], counters["spec_accepted_tokens"]
+    assert drafted > 0 and counters["spec_verify_steps"] > 0
+    if echo:  # the head predicts the target: drafts are accepted, several tokens a step
+        assert accepted >= 0.8 * drafted, (accepted, drafted)
+        assert counters["spec_verify_steps"] < sum(len(t) for t in on) / 2
+    # The head's weights count in the model's: one decoder layer and three small tensors.
+    assert weights > off_weights
+
+
+def _loaded(model_dir):
+    from mlxd.config import ModelSettings
+    from mlxd.engine.chat.loading import load_model
+
+    return load_model(ModelSettings(path=str(model_dir)), optimized_blas=False, generation=0)
+
+
+def test_the_mtp_head_loads_from_the_checkpoint_and_its_bytes_count():
+    from mlxd.config import SpeculativeSettings
+    from mlxd.engine.chat.speculative.mtp_loading import attach_mtp
+
+    loaded = _loaded(tiny_mtp_dir())
+    with_head = attach_mtp(loaded, SpeculativeSettings(mode="mtp"))
+    head = with_head.draft
+    arrays = [v for _, v in tree_flatten(head.module.parameters()) if isinstance(v, mx.array)]
+    assert head.weights_bytes == sum(a.nbytes for a in arrays) > 0
+    assert with_head.weights_bytes == loaded.weights_bytes + head.weights_bytes
+    assert with_head.info.weights_bytes == loaded.info.weights_bytes + head.weights_bytes
+    # The experts were stacked as the target's are; the shared embedding and head not copied.
+    names = {k for k, _ in tree_flatten(head.module.parameters())}
+    assert "block.mlp.switch_mlp.gate_proj.weight" in names
+    assert not any("embed" in k or "shared_head.head" in k for k in names)
+    # head(trunk(x)) is the target's own forward.
+    x = mx.array([[5, 9, 12]])
+    assert mx.allclose(head.head(head.trunk(x, None)), loaded.model(x), atol=1e-5)
+    assert attach_mtp(loaded, SpeculativeSettings(mode="off")) is loaded
+
+
+def test_a_model_without_an_mtp_head_is_refused_naming_it(tiny_models):
+    from mlxd.engine.chat.speculative.mtp_loading import load_mtp
+
+    for model_dir, why in (
+        (tiny_mtp_dir(with_mtp=False), "has no MTP weights"),
+        (tiny_models("llama"), "is a 'llama' model"),
+    ):
+        with pytest.raises(ModelLoadError, match=why) as caught:
+            load_mtp(_loaded(model_dir))
+        assert 'mode = "mtp"' in str(caught.value) and model_dir.name in str(caught.value)

@@ -1,0 +1,166 @@
+"""A tiny random-weight GLM-4.5 (``glm4_moe``) model that carries an MTP layer, for MTP tests.
+
+GLM-4.5 and DeepSeek-V3 checkpoints keep their multi-token-prediction layer as one more
+decoder layer, ``model.layers.<num_hidden_layers>.*``, with ``enorm``, ``hnorm``,
+``eh_proj``, ``shared_head.{norm,head}`` and its own ``embed_tokens`` beside the usual
+attention and MoE weights (experts unstacked, as in Hugging Face checkpoints). mlx-lm's
+``sanitize`` drops that layer at load; mlxd's ``mode = "mtp"`` reads it back.
+
+Two variants (``echo``):
+
+- ``False``: every weight random. The MTP layer's guesses are mostly wrong: the mechanics
+  (drafting, verifying, rolling back) run, and greedy output must not change.
+- ``True``: a bigram model. Every attention output and MLP down projection is zero, so
+  the target's next token depends on the current token alone, ``f(x)``, and the MTP layer
+  (its ``eh_proj`` passing the token embedding through, its block zeroed likewise) predicts
+  ``f(x_next)``: exactly what the target will choose after it. Drafts are accepted nearly
+  always, which proves that drafts, hidden states and positions line up.
+
+Built into the tiny-model cache (:func:`tiny_mtp_dir`); nothing is committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from tests.support.tinymodels import (
+    CONTENT_VERSION,
+    EOS_TOKEN,
+    PAD_TOKEN,
+    _content_key,
+    _random_weights,
+    _special_ids,
+    _tokenizer_config,
+    _tokenizer_json_with,
+    _vocab_size,
+    build_once,
+    cache_root,
+)
+
+LAYERS = 2
+EXPERTS = 4
+
+CONFIG: dict[str, Any] = {
+    "model_type": "glm4_moe",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "max_position_embeddings": 4096,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_shared_experts": 1,
+    "n_routed_experts": EXPERTS,
+    "routed_scaling_factor": 1.0,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "num_hidden_layers": LAYERS,
+    "num_nextn_predict_layers": 1,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "use_qk_norm": False,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "partial_rotary_factor": 0.5,
+    "torch_dtype": "float32",
+}
+
+
+def mtp_config() -> dict[str, Any]:
+    ids = _special_ids()
+    return {
+        **CONFIG,
+        "vocab_size": _vocab_size(),
+        "eos_token_id": ids[EOS_TOKEN],
+        "pad_token_id": ids[PAD_TOKEN],
+        "bos_token_id": None,
+    }
+
+
+def _silenced(name: str) -> bool:
+    """Weights zeroed in the echo variant: what a layer adds to its residual stream."""
+    return name.endswith(("o_proj.weight", "down_proj.weight"))
+
+
+def build_tiny_mtp_model(out_dir: Path, *, echo: bool = False, with_mtp: bool = True) -> Path:
+    """Write the model directory (``with_mtp=False``: without its MTP layer) into ``out_dir``."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import glm4_moe
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = mtp_config()
+    args = glm4_moe.ModelArgs.from_dict(config)
+    model = glm4_moe.Model(args)
+    params = dict(tree_flatten(model.parameters()))
+    rng = np.random.default_rng(int(hashlib.sha256(f"mtp:{echo}".encode()).hexdigest()[:8], 16))
+    weights = _random_weights(params, rng)
+    head = weights["lm_head.weight"]
+    head[config["eos_token_id"]] *= 0.5  # rows run to max_tokens, as tinymodels' do
+    if with_mtp:
+        weights.update(_mtp_layer(args, rng, weights, echo=echo))
+    if echo:
+        for name, w in weights.items():
+            if _silenced(name):
+                w[...] = 0.0
+    arrays = {name: mx.array(w) for name, w in weights.items()}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), arrays, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out_dir / "tokenizer.json").write_text(_tokenizer_json_with(()))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2))
+    return out_dir
+
+
+def _mtp_layer(
+    args: Any, rng: np.random.Generator, target: dict[str, np.ndarray], *, echo: bool
+) -> dict[str, np.ndarray]:
+    """``model.layers.<N>.*`` in the Hugging Face layout (experts one by one)."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import glm4_moe
+
+    n = args.num_hidden_layers
+    block = dict(tree_flatten(glm4_moe.DecoderLayer(args, n).parameters()))
+    drawn = _random_weights(block, rng)
+    out: dict[str, np.ndarray] = {}
+    for name, w in drawn.items():
+        if ".switch_mlp." in name:  # unstack: mlx-lm's sanitize stacks them again
+            proj = name.split(".switch_mlp.")[1]
+            for e in range(w.shape[0]):
+                out[f"mlp.experts.{e}.{proj}"] = w[e]
+        else:
+            out[name] = w
+    size = args.hidden_size
+    out["enorm.weight"] = np.ones(size, np.float32)
+    out["hnorm.weight"] = np.ones(size, np.float32)
+    out["shared_head.norm.weight"] = np.ones(size, np.float32)
+    if echo:  # [embedding | hidden] -> embedding
+        out["eh_proj.weight"] = np.concatenate(
+            [np.eye(size), np.zeros((size, size))], axis=1
+        ).astype(np.float32)
+    else:
+        out["eh_proj.weight"] = rng.normal(0.0, 2.0 / np.sqrt(2 * size), (size, 2 * size)).astype(
+            np.float32
+        )
+    out["embed_tokens.weight"] = target["model.embed_tokens.weight"].copy()
+    out["shared_head.head.weight"] = target["lm_head.weight"].copy()
+    return {f"model.layers.{n}.{k}": v for k, v in out.items()}
+
+
+def tiny_mtp_dir(*, echo: bool = False, with_mtp: bool = True) -> Path:
+    """A cached build (see :func:`tests.support.tinymodels.tiny_model_dir`)."""
+    # _content_key covers the tokenizer, corpus and the mlx / mlx-lm versions.
+    blob = json.dumps([CONFIG, echo, with_mtp, _content_key("llama")], sort_keys=True)
+    key = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    name = f"glm4_moe_mtp-{'echo' if echo else 'random'}-{'mtp' if with_mtp else 'none'}-{key}"
+    final = cache_root() / CONTENT_VERSION / name
+    return build_once(final, lambda tmp: build_tiny_mtp_model(tmp, echo=echo, with_mtp=with_mtp))
