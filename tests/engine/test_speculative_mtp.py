@@ -60,9 +60,14 @@ def waves(model_dir, mode: str):
     return [o.tokens for o in [*four, *solo]], counters, weights
 
 
-@pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])
-def test_greedy_output_with_the_mtp_head_equals_speculation_off(echo):
-    model_dir = tiny_mtp_dir(echo=echo)
+@pytest.mark.parametrize(
+    ("family", "echo"),
+    # glm4_moe's echo variant runs in tests/http/test_speculative_mtp.py.
+    [("glm4_moe", False), ("glm4_moe_lite", True)],  # glm4_moe_lite: MLA attention
+    ids=["glm4_moe-random", "glm4_moe_lite-echo"],
+)
+def test_greedy_output_with_the_mtp_head_equals_speculation_off(family, echo):
+    model_dir = tiny_mtp_dir(family, echo=echo)
     off, off_counters, off_weights = waves(model_dir, "off")
     on, counters, weights = waves(model_dir, "mtp")
     assert on == off

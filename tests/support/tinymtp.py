@@ -1,10 +1,11 @@
-"""A tiny random-weight GLM-4.5 (``glm4_moe``) model that carries an MTP layer, for MTP tests.
+"""Tiny random-weight models that carry an MTP layer, for MTP tests.
 
-GLM-4.5 and DeepSeek-V3 checkpoints keep their multi-token-prediction layer as one more
-decoder layer, ``model.layers.<num_hidden_layers>.*``, with ``enorm``, ``hnorm``,
-``eh_proj``, ``shared_head.{norm,head}`` and its own ``embed_tokens`` beside the usual
-attention and MoE weights (experts unstacked, as in Hugging Face checkpoints). mlx-lm's
-``sanitize`` drops that layer at load; mlxd's ``mode = "mtp"`` reads it back.
+GLM-4.5 (``glm4_moe``) and GLM-4.7-Flash (``glm4_moe_lite``) checkpoints keep
+their multi-token-prediction layer as one more decoder layer,
+``model.layers.<num_hidden_layers>.*``, with ``enorm``, ``hnorm``, ``eh_proj``,
+``shared_head.{norm,head}`` and its own ``embed_tokens`` beside the usual attention and MoE
+weights (experts unstacked, as in Hugging Face checkpoints). mlx-lm's ``sanitize`` drops
+that layer at load; mlxd's ``mode = "mtp"`` reads it back.
 
 Two variants (``echo``):
 
@@ -22,6 +23,7 @@ Built into the tiny-model cache (:func:`tiny_mtp_dir`); nothing is committed.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,7 @@ from tests.support.tinymodels import (
 LAYERS = 2
 EXPERTS = 4
 
-CONFIG: dict[str, Any] = {
-    "model_type": "glm4_moe",
+_MOE: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "moe_intermediate_size": 32,
@@ -55,7 +56,6 @@ CONFIG: dict[str, Any] = {
     "norm_topk_prob": True,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
     "n_group": 1,
     "topk_group": 1,
     "n_shared_experts": 1,
@@ -68,18 +68,38 @@ CONFIG: dict[str, Any] = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
     "rope_scaling": None,
-    "use_qk_norm": False,
     "tie_word_embeddings": False,
     "attention_bias": False,
-    "partial_rotary_factor": 0.5,
     "torch_dtype": "float32",
 }
+_MLA: dict[str, Any] = {
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+}
+
+# The families mlxd reads the MTP layer of (mlxd.engine.chat.speculative.mtp_head).
+CONFIGS: dict[str, dict[str, Any]] = {
+    "glm4_moe": {
+        **_MOE,
+        "model_type": "glm4_moe",
+        "head_dim": 16,
+        "use_qk_norm": False,
+        "partial_rotary_factor": 0.5,
+    },
+    "glm4_moe_lite": {**_MOE, **_MLA, "model_type": "glm4_moe_lite"},
+}
+MTP_FAMILIES = tuple(CONFIGS)
 
 
-def mtp_config() -> dict[str, Any]:
+def mtp_config(family: str = "glm4_moe") -> dict[str, Any]:
     ids = _special_ids()
     return {
-        **CONFIG,
+        **CONFIGS[family],
         "vocab_size": _vocab_size(),
         "eos_token_id": ids[EOS_TOKEN],
         "pad_token_id": ids[PAD_TOKEN],
@@ -92,23 +112,26 @@ def _silenced(name: str) -> bool:
     return name.endswith(("o_proj.weight", "down_proj.weight"))
 
 
-def build_tiny_mtp_model(out_dir: Path, *, echo: bool = False, with_mtp: bool = True) -> Path:
+def build_tiny_mtp_model(
+    out_dir: Path, *, family: str = "glm4_moe", echo: bool = False, with_mtp: bool = True
+) -> Path:
     """Write the model directory (``with_mtp=False``: without its MTP layer) into ``out_dir``."""
     from mlx.utils import tree_flatten
-    from mlx_lm.models import glm4_moe
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = mtp_config()
-    args = glm4_moe.ModelArgs.from_dict(config)
-    model = glm4_moe.Model(args)
+    config = mtp_config(family)
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    args = module.ModelArgs.from_dict(config)
+    model = module.Model(args)
     params = dict(tree_flatten(model.parameters()))
-    rng = np.random.default_rng(int(hashlib.sha256(f"mtp:{echo}".encode()).hexdigest()[:8], 16))
+    seed = hashlib.sha256(f"mtp:{family}:{echo}".encode()).hexdigest()[:8]
+    rng = np.random.default_rng(int(seed, 16))
     weights = _random_weights(params, rng)
     head = weights["lm_head.weight"]
     head[config["eos_token_id"]] *= 0.5  # rows run to max_tokens, as tinymodels' do
     if with_mtp:
-        weights.update(_mtp_layer(args, rng, weights, echo=echo))
+        weights.update(_mtp_layer(module, args, rng, weights, echo=echo))
     if echo:
         for name, w in weights.items():
             if _silenced(name):
@@ -122,14 +145,16 @@ def build_tiny_mtp_model(out_dir: Path, *, echo: bool = False, with_mtp: bool = 
 
 
 def _mtp_layer(
-    args: Any, rng: np.random.Generator, target: dict[str, np.ndarray], *, echo: bool
+    module: Any, args: Any, rng: np.random.Generator, target: dict[str, np.ndarray], *, echo: bool
 ) -> dict[str, np.ndarray]:
     """``model.layers.<N>.*`` in the Hugging Face layout (experts one by one)."""
     from mlx.utils import tree_flatten
-    from mlx_lm.models import glm4_moe
+
+    from mlxd.engine.chat.speculative.mtp_head import NEXTN_FAMILIES
 
     n = args.num_hidden_layers
-    block = dict(tree_flatten(glm4_moe.DecoderLayer(args, n).parameters()))
+    layer = getattr(module, NEXTN_FAMILIES[args.model_type])(args, n)
+    block = dict(tree_flatten(layer.parameters()))
     drawn = _random_weights(block, rng)
     out: dict[str, np.ndarray] = {}
     for name, w in drawn.items():
@@ -156,11 +181,14 @@ def _mtp_layer(
     return {f"model.layers.{n}.{k}": v for k, v in out.items()}
 
 
-def tiny_mtp_dir(*, echo: bool = False, with_mtp: bool = True) -> Path:
+def tiny_mtp_dir(family: str = "glm4_moe", *, echo: bool = False, with_mtp: bool = True) -> Path:
     """A cached build (see :func:`tests.support.tinymodels.tiny_model_dir`)."""
     # _content_key covers the tokenizer, corpus and the mlx / mlx-lm versions.
-    blob = json.dumps([CONFIG, echo, with_mtp, _content_key("llama")], sort_keys=True)
+    blob = json.dumps([CONFIGS[family], echo, with_mtp, _content_key("llama")], sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()[:12]
-    name = f"glm4_moe_mtp-{'echo' if echo else 'random'}-{'mtp' if with_mtp else 'none'}-{key}"
+    name = f"{family}_mtp-{'echo' if echo else 'random'}-{'mtp' if with_mtp else 'none'}-{key}"
     final = cache_root() / CONTENT_VERSION / name
-    return build_once(final, lambda tmp: build_tiny_mtp_model(tmp, echo=echo, with_mtp=with_mtp))
+    return build_once(
+        final,
+        lambda tmp: build_tiny_mtp_model(tmp, family=family, echo=echo, with_mtp=with_mtp),
+    )

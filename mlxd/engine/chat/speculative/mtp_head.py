@@ -1,7 +1,9 @@
 """An MTP head: the multi-token-prediction layer a checkpoint carries, as an MLX module.
 
-GLM-4.5 (``glm4_moe``) keeps one such layer after its decoder layers, as
-``model.layers.<num_hidden_layers>.*`` (DeepSeek-V3's layout): given the
+GLM-4.5 (``glm4_moe``) and GLM-4.7-Flash (``glm4_moe_lite``) keep one such
+layer after their decoder layers, as ``model.layers.<num_hidden_layers>.*``
+(DeepSeek-V3's layout; mlx-lm's ``deepseek_v3`` drops its layer 61 by number,
+so its tiny test models cannot be built, and it is not enabled): given the
 target's last hidden state ``h_t`` (after its final norm, what its output
 head reads) and the embedding of the token after it, ``x_{t+1}``, it
 predicts ``x_{t+2}``::
@@ -26,9 +28,12 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-# Families whose MTP layout this module reads, by config model_type, with the
-# mlx-lm module that has their decoder layer.
-NEXTN_FAMILIES = ("glm4_moe",)
+# Families whose MTP layout this module reads (config model_type, which is also
+# the mlx-lm module), with their decoder layer's class in that module.
+NEXTN_FAMILIES: dict[str, str] = {
+    "glm4_moe": "DecoderLayer",  # GLM-4.5, 4.6, 4.7
+    "glm4_moe_lite": "Glm4MoeLiteDecoderLayer",  # GLM-4.7-Flash (MLA attention)
+}
 
 
 class _SharedHead(nn.Module):
@@ -64,7 +69,8 @@ def nextn_module(model: Any) -> NextN:
 
     args = model.args
     family = importlib.import_module(f"mlx_lm.models.{args.model_type}")
-    block = family.DecoderLayer(args, args.num_hidden_layers)
+    layer = getattr(family, NEXTN_FAMILIES[args.model_type])
+    block = layer(args, args.num_hidden_layers)
     return NextN(block, args.hidden_size, args.rms_norm_eps)
 
 
