@@ -9,6 +9,7 @@ MTP layer predicts what the target will choose, so drafts are accepted.
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -17,7 +18,7 @@ from mlx.utils import tree_flatten
 from mlxd.engine.chat.loading import ModelLoadError
 from mlxd.engine.policy.spec_depth import StepCosts
 from tests.support.engine import run_all, running_engine, settled, token_request
-from tests.support.tinymtp import tiny_mtp_dir
+from tests.support.tinymtp import tiny_mtp_dir, tiny_qwen_mtp_dir
 
 MAX_TOKENS = 16
 WIDE = {"saturation_tokens": 100_000}  # the cost model never cuts the depth here
@@ -120,3 +121,49 @@ def test_a_model_without_an_mtp_head_is_refused_naming_it(tiny_models):
         with pytest.raises(ModelLoadError, match=why) as caught:
             load_mtp(_loaded(model_dir))
         assert 'mode = "mtp"' in str(caught.value) and model_dir.name in str(caught.value)
+
+
+def test_a_qwen3_5_mtp_head_drafts_what_its_target_will_choose():
+    """Qwen3.5's ``mtp.*`` head (hybrid target): loaded, and its drafts are the target's tokens.
+
+    The batch does not speculate on hybrid caches until their rollback exists, so the
+    drafter is driven by hand here: the target's forward keeps the hidden state, the
+    row's pair is observed, and the echo head's three drafts are the target's next three.
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd.config import SpeculativeSettings
+    from mlxd.engine.chat.speculative.mtp import MtpDrafter
+    from mlxd.engine.chat.speculative.mtp_head import QwenMtp
+    from mlxd.engine.chat.speculative.mtp_loading import attach_mtp
+
+    loaded = attach_mtp(_loaded(tiny_qwen_mtp_dir(echo=True)), SpeculativeSettings(mode="mtp"))
+    head, model = loaded.draft, loaded.model
+    assert isinstance(head.module, QwenMtp) and head.layers == 1
+    x = mx.array([[5, 9, 12]])
+    assert mx.allclose(head.head(head.trunk(x, None)), model(x), atol=1e-5)
+
+    prompt = _tokenizer(tiny_qwen_mtp_dir(echo=True)).encode(TEXTS[0])
+    cache = make_prompt_cache(model)
+    head.trunk(mx.array([prompt[:-1]]), cache)
+    drafter = MtpDrafter(head)
+    pending = int(mx.argmax(drafter.forward(mx.array([prompt[-1:]]), cache)[0, -1]).item())
+    batch = SimpleNamespace(uids=[7], tokens=[prompt], _next_tokens=mx.array([pending]))
+    drafter.observe(batch, [7], [[]], [0])  # type: ignore[arg-type]
+    draft = drafter.propose(7, prompt, pending, 3)
+    expected, y = [], pending
+    for _ in range(3):
+        y = int(mx.argmax(model(mx.array([[y]]), cache=cache)[0, -1]).item())
+        expected.append(y)
+    assert draft == expected
+    assert drafter.propose(7, prompt, pending, 3) == []  # its pair was used: none until observed
+
+
+def test_mode_mtp_on_a_hybrid_qwen3_5_gives_the_same_greedy_output():
+    """Until hybrid caches roll back in the verify step its rows run at depth 0 (nothing
+    drafted); once they do, its echo head's drafts must be accepted."""
+    model_dir = tiny_qwen_mtp_dir(echo=True)
+    off, _, _ = waves(model_dir, "off")
+    on, counters, _ = waves(model_dir, "mtp")
+    assert on == off
+    assert counters["spec_accepted_tokens"] >= 0.8 * counters["spec_drafted_tokens"]

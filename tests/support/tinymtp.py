@@ -47,6 +47,8 @@ from tests.support.tinymodels import (
 
 LAYERS = 2
 EXPERTS = 4
+# Bump when a builder below changes what it writes (the cache keys hash this).
+_BUILD = "1"
 
 _MOE: dict[str, Any] = {
     "hidden_size": 64,
@@ -109,7 +111,7 @@ def mtp_config(family: str = "glm4_moe") -> dict[str, Any]:
 
 def _silenced(name: str) -> bool:
     """Weights zeroed in the echo variant: what a layer adds to its residual stream."""
-    return name.endswith(("o_proj.weight", "down_proj.weight"))
+    return name.endswith(_RESIDUAL)
 
 
 def build_tiny_mtp_model(
@@ -184,7 +186,9 @@ def _mtp_layer(
 def tiny_mtp_dir(family: str = "glm4_moe", *, echo: bool = False, with_mtp: bool = True) -> Path:
     """A cached build (see :func:`tests.support.tinymodels.tiny_model_dir`)."""
     # _content_key covers the tokenizer, corpus and the mlx / mlx-lm versions.
-    blob = json.dumps([CONFIGS[family], echo, with_mtp, _content_key("llama")], sort_keys=True)
+    blob = json.dumps(
+        [_BUILD, CONFIGS[family], echo, with_mtp, _content_key("llama")], sort_keys=True
+    )
     key = hashlib.sha256(blob.encode()).hexdigest()[:12]
     name = f"{family}_mtp-{'echo' if echo else 'random'}-{'mtp' if with_mtp else 'none'}-{key}"
     final = cache_root() / CONTENT_VERSION / name
@@ -192,3 +196,62 @@ def tiny_mtp_dir(family: str = "glm4_moe", *, echo: bool = False, with_mtp: bool
         final,
         lambda tmp: build_tiny_mtp_model(tmp, family=family, echo=echo, with_mtp=with_mtp),
     )
+
+
+def build_tiny_qwen_mtp_model(out_dir: Path, *, echo: bool = False) -> Path:
+    """tinymodels' ``qwen3_5`` (hybrid: gated-delta and full attention) with ``mtp.*`` added.
+
+    ``echo`` zeroes what every layer adds to its residual stream (the gated-delta
+    ``out_proj`` too) and makes ``fc`` pass the token embedding through, as above.
+    """
+    from mlx.utils import tree_flatten
+
+    from mlxd.engine.chat.speculative.mtp_head import QwenMtp
+    from tests.support.tinymodels import build_tiny_model
+
+    out_dir = build_tiny_model("qwen3_5", Path(out_dir))
+    config = json.loads((out_dir / "config.json").read_text())
+    from mlx_lm.models.qwen3_5 import TextModelArgs
+
+    args = TextModelArgs.from_dict(config)
+    head = dict(tree_flatten(QwenMtp(args, 1).parameters()))
+    rng = np.random.default_rng(
+        int(hashlib.sha256(f"qwen-mtp:{echo}".encode()).hexdigest()[:8], 16)
+    )
+    weights = {f"mtp.{k}": v for k, v in _random_weights(head, rng).items()}
+    size = args.hidden_size
+    for name in ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"):
+        weights[name] = np.ones(size, np.float32)  # _random_weights draws "embed" names
+    if echo:
+        weights["mtp.fc.weight"] = np.concatenate(
+            [np.eye(size), np.zeros((size, size))], axis=1
+        ).astype(np.float32)
+    file = out_dir / "model.safetensors"
+    loaded = mx.load(str(file))
+    assert isinstance(loaded, dict)
+    arrays = {**loaded, **{k: mx.array(v) for k, v in weights.items()}}
+    if echo:
+        arrays = {
+            k: mx.zeros_like(v) if k.endswith(("out_proj.weight", *_RESIDUAL)) else v
+            for k, v in arrays.items()
+        }
+    config["mtp_num_hidden_layers"] = 1
+    mx.save_safetensors(str(file), arrays, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
+_RESIDUAL = ("o_proj.weight", "down_proj.weight")
+
+
+def tiny_qwen_mtp_dir(*, echo: bool = False) -> Path:
+    """A cached build of :func:`build_tiny_qwen_mtp_model`."""
+    from tests.support.tinymodels import family_config
+
+    blob = json.dumps(
+        [_BUILD, family_config("qwen3_5"), echo, _content_key("qwen3_5")], sort_keys=True
+    )
+    key = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    name = f"qwen3_5_mtp-{'echo' if echo else 'random'}-{key}"
+    final = cache_root() / CONTENT_VERSION / name
+    return build_once(final, lambda tmp: build_tiny_qwen_mtp_model(tmp, echo=echo))

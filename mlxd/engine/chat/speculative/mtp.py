@@ -81,11 +81,11 @@ class MtpDrafter:
             row.cache = head.make_cache()  # a gap: the head's context starts here
         embeds = head.embed(mx.array([row.tokens]))
         hiddens = mx.stack(row.hiddens)[None]
-        to_head, hidden = head.module(embeds, hiddens, row.cache[0])
+        to_head, hidden = head.module(embeds, hiddens, row.cache)
         y = mx.argmax(head.head(to_head[:, -1, :]), axis=-1)
         out = [y]
         for _ in range(k - 1):
-            to_head, hidden = head.module(head.embed(y[:, None]), hidden[:, -1:, :], row.cache[0])
+            to_head, hidden = head.module(head.embed(y[:, None]), hidden[:, -1:, :], row.cache)
             y = mx.argmax(head.head(to_head[:, -1, :]), axis=-1)
             out.append(y)
         mx.eval(out)

@@ -15,13 +15,18 @@ predicts ``x_{t+2}``::
 The embedding and output head are the target's (the checkpoint's
 ``embed_tokens`` and ``shared_head.head`` copies of them are not loaded).
 Drafting deeper than one token feeds ``h`` back in as the next ``h_t``.
+
+Qwen3.5/3.6 (``qwen3_5``, ``qwen3_5_moe``) keep theirs as ``mtp.*``
+(:class:`QwenMtp`): ``fc`` over ``[pre_fc_norm_embedding(embed(x_{t+1})),
+pre_fc_norm_hidden(h_t)]``, full-attention decoder layers, a final ``norm``
+whose output both feeds the target's head and the next draft step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,6 +39,10 @@ NEXTN_FAMILIES: dict[str, str] = {
     "glm4_moe": "DecoderLayer",  # GLM-4.5, 4.6, 4.7
     "glm4_moe_lite": "Glm4MoeLiteDecoderLayer",  # GLM-4.7-Flash (MLA attention)
 }
+
+
+# Families with the Qwen3.5 ``mtp.*`` layout (config model_type).
+QWEN_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 
 
 class _SharedHead(nn.Module):
@@ -54,13 +63,40 @@ class NextN(nn.Module):
         self.shared_head = _SharedHead(size, eps)
 
     def __call__(
-        self, embeds: mx.array, hidden: mx.array, cache: KVCache
+        self, embeds: mx.array, hidden: mx.array, caches: list[KVCache]
     ) -> tuple[mx.array, mx.array]:
         """(what the output head reads, the hidden state the next draft step takes)."""
         h = self.eh_proj(mx.concatenate([self.enorm(embeds), self.hnorm(hidden)], axis=-1))
-        mask = create_attention_mask(h, cache, return_array=True)
-        h = self.block(h, mask, cache)
+        mask = create_attention_mask(h, caches[0], return_array=True)
+        h = self.block(h, mask, caches[0])
         return self.shared_head.norm(h), h
+
+
+class QwenMtp(nn.Module):
+    """Qwen3.5's ``mtp.*``: ``fc`` over both normed inputs, decoder layers, a norm."""
+
+    def __init__(self, args: Any, layers: int):
+        super().__init__()
+        from mlx_lm.models import qwen3_5
+
+        size, eps = args.hidden_size, args.rms_norm_eps
+        full = replace(args, full_attention_interval=1)  # every MTP layer attends
+        self.fc = nn.Linear(2 * size, size, bias=False)
+        self.pre_fc_norm_embedding = nn.RMSNorm(size, eps=eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(size, eps=eps)
+        self.layers = [qwen3_5.DecoderLayer(full, 0) for _ in range(layers)]
+        self.norm = nn.RMSNorm(size, eps=eps)
+
+    def __call__(
+        self, embeds: mx.array, hidden: mx.array, caches: list[KVCache]
+    ) -> tuple[mx.array, mx.array]:
+        both = [self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)]
+        h = self.fc(mx.concatenate(both, axis=-1))
+        mask = cast("mx.array | None", create_attention_mask(h, caches[0], return_array=True))
+        for layer, cache in zip(self.layers, caches, strict=True):
+            h = layer(h, mask=mask, cache=cache)
+        h = self.norm(h)
+        return h, h
 
 
 def nextn_module(model: Any) -> NextN:
@@ -84,17 +120,21 @@ class MtpHead:
     keeps the hidden states the head needs.
     """
 
-    module: NextN
+    module: NextN | QwenMtp
     trunk: Callable[..., mx.array]
     head: Callable[[mx.array], mx.array]
     embed: Callable[[mx.array], mx.array]
     family: str
     weights_bytes: int
+    layers: int = 1
 
     def make_cache(self) -> list[KVCache]:
-        return [KVCache()]
+        return [KVCache() for _ in range(self.layers)]
 
 
 def target_parts(model: Any) -> tuple[Callable[..., mx.array], Callable, Callable]:
-    """(trunk, head, embed) of an mlx-lm model of NEXTN_FAMILIES."""
-    return model.model, model.lm_head, model.model.embed_tokens
+    """(trunk, head, embed) of an mlx-lm model of NEXTN_FAMILIES or QWEN_FAMILIES."""
+    lm = getattr(model, "language_model", model)
+    inner = lm.model
+    head = getattr(lm, "lm_head", None)
+    return inner, inner.embed_tokens.as_linear if head is None else head, inner.embed_tokens

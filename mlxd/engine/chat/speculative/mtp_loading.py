@@ -2,9 +2,11 @@
 
 mlx-lm's ``sanitize`` drops the MTP layer when it loads the target; this
 reads those tensors back from the same safetensors files (only the shards
-that hold them), runs them through the target's own ``sanitize`` (expert
-stacking, FP8 dequantization) as if they were layer 0, and loads them into
-a :class:`~.mtp_head.NextN`. The head's bytes count in the target's
+that hold them) and loads them into the head's module: GLM's
+``model.layers.<N>.*`` through the target's own ``sanitize`` (expert
+stacking) as if they were layer 0, into a :class:`~.mtp_head.NextN`;
+Qwen3.5's ``mtp.*`` (norms shifted, fused experts split, as mlx-lm does for
+the target) into a :class:`~.mtp_head.QwenMtp`. The head's bytes count in the target's
 ``weights_bytes``, so the memory budget holds both. A model that cannot run
 an MTP head is refused with the reason, naming it: the load fails (first
 load or reload), never a step.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,10 @@ from mlxd.config import SpeculativeSettings
 from mlxd.engine.chat.loading import LoadedModel, ModelLoadError
 from mlxd.engine.chat.speculative.mtp_head import (
     NEXTN_FAMILIES,
+    QWEN_FAMILIES,
     MtpHead,
+    NextN,
+    QwenMtp,
     nextn_module,
     target_parts,
 )
@@ -59,18 +65,23 @@ def load_mtp(loaded: LoadedModel) -> MtpHead:
     info = loaded.info
     name = repr(info.id)
     if loaded.vision is not None:
-        raise _refused(name, "is served through mlx-vlm; MTP heads are read for text models only")
-    if info.family not in NEXTN_FAMILIES:
+        raise _refused(
+            name,
+            "is served through mlx-vlm; MTP heads are read for text models only "
+            "(serve it as text: [model] vision = false)",
+        )
+    families = (*NEXTN_FAMILIES, *QWEN_FAMILIES)
+    if info.family not in families:
         raise _refused(
             name,
             f"is a {info.family!r} model: mlxd runs the MTP heads of "
-            f"{', '.join(NEXTN_FAMILIES)} checkpoints only (docs/batching.md#mtp-heads); "
+            f"{', '.join(families)} checkpoints only (docs/batching.md#mtp-heads); "
             'use mode = "prompt_lookup" or "draft"',
         )
     model = loaded.model
-    layer = int(model.args.num_hidden_layers)
-    prefix = f"model.layers.{layer}."
     path = Path(info.path)
+    qwen = info.family in QWEN_FAMILIES
+    prefix = "mtp." if qwen else f"model.layers.{int(model.args.num_hidden_layers)}."
     tensors = _read(path, prefix)
     if not tensors:
         raise _refused(
@@ -79,14 +90,14 @@ def load_mtp(loaded: LoadedModel) -> MtpHead:
             "(mlx_lm.convert, most mlx-community uploads) drop them: serve the original "
             'checkpoint, or use mode = "prompt_lookup"',
         )
-    as_first = {f"model.layers.0.{k[len(prefix) :]}": v for k, v in tensors.items()}
-    weights: dict[str, mx.array] = {}
-    for key, value in model.sanitize(as_first).items():
-        rest = key.removeprefix("model.layers.0.")
-        if rest.startswith(_SHARED):
-            continue
-        weights[rest if rest.startswith(_OWN) else f"block.{rest}"] = value
-    module = nextn_module(model)
+    layers = 1
+    if qwen:
+        weights = _qwen_weights(tensors, hf_layout=_unsanitized(path))
+        layers = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("layers."))
+        module: NextN | QwenMtp = QwenMtp(model.language_model.args, layers)
+    else:
+        weights = _nextn_weights(model, tensors, prefix)
+        module = nextn_module(model)
     quantization = _config(path).get("quantization")
     if quantization and any(k.endswith(".scales") for k in weights):
         nn.quantize(
@@ -102,7 +113,43 @@ def load_mtp(loaded: LoadedModel) -> MtpHead:
     module.eval()
     mx.eval(module.parameters())
     trunk, head, embed = target_parts(model)
-    return MtpHead(module, trunk, head, embed, info.family, nbytes(module))
+    return MtpHead(module, trunk, head, embed, info.family, nbytes(module), layers)
+
+
+def _nextn_weights(model: Any, tensors: dict[str, mx.array], prefix: str) -> dict[str, mx.array]:
+    """``model.layers.<N>.*`` as :class:`NextN`'s, through the target's own sanitize."""
+    as_first = {f"model.layers.0.{k[len(prefix) :]}": v for k, v in tensors.items()}
+    weights: dict[str, mx.array] = {}
+    for key, value in model.sanitize(as_first).items():
+        rest = key.removeprefix("model.layers.0.")
+        if rest.startswith(_SHARED):
+            continue
+        weights[rest if rest.startswith(_OWN) else f"block.{rest}"] = value
+    return weights
+
+
+def _qwen_weights(tensors: dict[str, mx.array], *, hf_layout: bool) -> dict[str, mx.array]:
+    """``mtp.*`` as :class:`QwenMtp`'s: norms shifted (Hugging Face layout), experts split."""
+    out: dict[str, mx.array] = {}
+    for key, value in tensors.items():
+        rest = key.removeprefix("mtp.")
+        if hf_layout and rest.endswith("norm.weight") and value.ndim == 1:
+            value = value + 1.0  # Qwen3.5 stores RMSNorm scales around 0
+        out[rest] = value
+    for key in [k for k in out if k.endswith(".experts.gate_up_proj")]:
+        at = key.removesuffix(".experts.gate_up_proj")
+        gate_up = out.pop(key)
+        mid = gate_up.shape[-2] // 2
+        out[f"{at}.switch_mlp.gate_proj.weight"] = gate_up[..., :mid, :]
+        out[f"{at}.switch_mlp.up_proj.weight"] = gate_up[..., mid:, :]
+        out[f"{at}.switch_mlp.down_proj.weight"] = out.pop(f"{at}.experts.down_proj")
+    return out
+
+
+def _unsanitized(path: Path) -> bool:
+    """Whether the checkpoint is in the Hugging Face layout (as mlx-lm's qwen3_5 tells it)."""
+    conv = _read(path, "", lambda key: "conv1d.weight" in key, first=True)
+    return any(v.shape[-1] != 1 for v in conv.values())
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -112,17 +159,29 @@ def _config(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _read(path: Path, prefix: str) -> dict[str, mx.array]:
-    """Every tensor under ``prefix`` in the checkpoint's safetensors (lazily read)."""
+def _read(
+    path: Path,
+    prefix: str,
+    where: Callable[[str], bool] | None = None,
+    *,
+    first: bool = False,
+) -> dict[str, mx.array]:
+    """The checkpoint's tensors under ``prefix`` (and ``where``), lazily read; ``first``: one."""
+
+    def wanted(key: str) -> bool:
+        return key.startswith(prefix) and (where is None or where(key))
+
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
-        files = sorted({path / f for k, f in weight_map.items() if k.startswith(prefix)})
+        files = sorted({path / f for k, f in weight_map.items() if wanted(k)})
     else:
         files = sorted(path.glob("*.safetensors"))
     out: dict[str, mx.array] = {}
     for file in files:
         arrays = mx.load(str(file))
         assert isinstance(arrays, dict)
-        out.update({k: v for k, v in arrays.items() if k.startswith(prefix)})
+        out.update({k: v for k, v in arrays.items() if wanted(k)})
+        if first and out:
+            break
     return out
