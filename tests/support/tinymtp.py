@@ -48,7 +48,7 @@ from tests.support.tinymodels import (
 LAYERS = 2
 EXPERTS = 4
 # Bump when a builder below changes what it writes (the cache keys hash this).
-_BUILD = "1"
+_BUILD = "2"
 
 _MOE: dict[str, Any] = {
     "hidden_size": 64,
@@ -149,7 +149,8 @@ def build_tiny_mtp_model(
 def _mtp_layer(
     module: Any, args: Any, rng: np.random.Generator, target: dict[str, np.ndarray], *, echo: bool
 ) -> dict[str, np.ndarray]:
-    """``model.layers.<N>.*`` in the Hugging Face layout (experts one by one)."""
+    """``model.layers.<N>.*`` in the Hugging Face layout (experts one by one, MLA's fused
+    ``kv_b_proj``)."""
     from mlx.utils import tree_flatten
 
     from mlxd.engine.chat.speculative.mtp_head import NEXTN_FAMILIES
@@ -166,6 +167,10 @@ def _mtp_layer(
                 out[f"mlp.experts.{e}.{proj}"] = w[e]
         else:
             out[name] = w
+    if "self_attn.embed_q.weight" in out:  # MLA: fuse back into Hugging Face's kv_b_proj
+        wk, wv = out.pop("self_attn.embed_q.weight"), out.pop("self_attn.unembed_out.weight")
+        fused = np.concatenate([wk.swapaxes(-1, -2), wv], axis=1)
+        out["self_attn.kv_b_proj.weight"] = fused.reshape(-1, fused.shape[-1])
     size = args.hidden_size
     out["enorm.weight"] = np.ones(size, np.float32)
     out["hnorm.weight"] = np.ones(size, np.float32)
