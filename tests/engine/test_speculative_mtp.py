@@ -167,3 +167,40 @@ def test_mode_mtp_on_a_hybrid_qwen3_5_gives_the_same_greedy_output():
     on, counters, _ = waves(model_dir, "mtp")
     assert on == off
     assert counters["spec_accepted_tokens"] >= 0.8 * counters["spec_drafted_tokens"]
+
+
+def test_a_rows_head_cache_keeps_verified_positions_and_starts_afresh_after_a_gap():
+    from mlxd.config import SpeculativeSettings
+    from mlxd.engine.chat.speculative.mtp import MtpDrafter
+    from mlxd.engine.chat.speculative.mtp_loading import attach_mtp
+
+    head = attach_mtp(_loaded(tiny_mtp_dir()), SpeculativeSettings(mode="mtp")).draft
+    drafter = MtpDrafter(head)
+    size = head.module.eh_proj.weight.shape[0]
+    tokens = [3, 4, 5, 6]
+
+    def verified(width: int, drafted: list[int], took: int, pending: int) -> None:
+        """A verify step of ``width`` positions kept ``took`` drafted tokens, then ``pending``."""
+        drafter._hidden = mx.random.normal((1, width, size))
+        tokens.extend([*drafted[:took]])
+        batch = SimpleNamespace(uids=[1], tokens=[tokens], _next_tokens=mx.array([pending]))
+        drafter.observe(batch, [1], [drafted], [took])  # type: ignore[arg-type]
+
+    def offset() -> int:
+        return drafter._rows[1].cache[0].offset
+
+    tokens.append(7)  # the pending token a first verify step fed (no draft yet)
+    verified(1, [], 0, 8)
+    first = drafter.propose(1, tokens, 8, 3)
+    assert len(first) == 3 and offset() == 1  # the guesses' entries cut off again
+    assert drafter.propose(1, tokens, 8, 3) == []  # used: none until the next verify
+    tokens.append(8)
+    verified(4, first, 1, 11)  # kept one drafted token: two verified pairs
+    assert len(drafter.propose(1, tokens, 11, 2)) == 2 and offset() == 1 + 2
+    tokens.extend([11, 12, 13])  # plain steps: no pairs
+    assert drafter.propose(1, tokens, 14, 2) == []
+    tokens.append(14)
+    verified(1, [], 0, 15)  # a gap behind this pair: the head's cache starts again
+    assert len(drafter.propose(1, tokens, 15, 2)) == 2 and offset() == 1
+    drafter.forget(set())
+    assert drafter.propose(1, tokens, 15, 2) == []
