@@ -19,8 +19,8 @@ class SpeculativeSettings(Section):
         "live",
         'What drafts tokens: "off", "prompt_lookup" (n-grams of the row\'s own prompt and '
         'output), "draft" (a small model), "mtp" (the multi-token-prediction head in the '
-        "model's own checkpoint: GLM-4.5/4.7, GLM-4.7-Flash, Qwen3.5/3.6; switching to or from "
-        "it reloads the model).",
+        "model's own checkpoint: GLM-4.5/4.7, GLM-4.7-Flash, Qwen3.5/3.6, Qwen3-Next; switching "
+        "to or from it reloads the model).",
     )
     max_draft_tokens: int = _field(
         4,

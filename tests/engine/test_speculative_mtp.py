@@ -123,8 +123,9 @@ def test_a_model_without_an_mtp_head_is_refused_naming_it(tiny_models):
         assert 'mode = "mtp"' in str(caught.value) and model_dir.name in str(caught.value)
 
 
-def test_a_qwen3_5_mtp_head_drafts_what_its_target_will_choose():
-    """Qwen3.5's ``mtp.*`` head (hybrid target): loaded, and its drafts are the target's tokens.
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_a_qwen_mtp_head_drafts_what_its_target_will_choose(family):
+    """A ``mtp.*`` head (hybrid target): loaded, and its drafts are the target's tokens.
 
     The batch does not speculate on hybrid caches until their rollback exists, so the
     drafter is driven by hand here: the target's forward keeps the hidden state, the
@@ -137,13 +138,14 @@ def test_a_qwen3_5_mtp_head_drafts_what_its_target_will_choose():
     from mlxd.engine.chat.speculative.mtp_head import QwenMtp
     from mlxd.engine.chat.speculative.mtp_loading import attach_mtp
 
-    loaded = attach_mtp(_loaded(tiny_qwen_mtp_dir(echo=True)), SpeculativeSettings(mode="mtp"))
+    model_dir = tiny_qwen_mtp_dir(family, echo=True)
+    loaded = attach_mtp(_loaded(model_dir), SpeculativeSettings(mode="mtp"))
     head, model = loaded.draft, loaded.model
     assert isinstance(head.module, QwenMtp) and head.layers == 1
     x = mx.array([[5, 9, 12]])
     assert mx.allclose(head.head(head.trunk(x, None)), model(x), atol=1e-5)
 
-    prompt = _tokenizer(tiny_qwen_mtp_dir(echo=True)).encode(TEXTS[0])
+    prompt = _tokenizer(model_dir).encode(TEXTS[0])
     cache = make_prompt_cache(model)
     head.trunk(mx.array([prompt[:-1]]), cache)
     drafter = MtpDrafter(head)

@@ -48,7 +48,7 @@ from tests.support.tinymodels import (
 LAYERS = 2
 EXPERTS = 4
 # Bump when a builder below changes what it writes (the cache keys hash this).
-_BUILD = "2"
+_BUILD = "4"
 
 _MOE: dict[str, Any] = {
     "hidden_size": 64,
@@ -203,8 +203,11 @@ def tiny_mtp_dir(family: str = "glm4_moe", *, echo: bool = False, with_mtp: bool
     )
 
 
-def build_tiny_qwen_mtp_model(out_dir: Path, *, echo: bool = False) -> Path:
-    """tinymodels' ``qwen3_5`` (hybrid: gated-delta and full attention) with ``mtp.*`` added.
+def build_tiny_qwen_mtp_model(
+    out_dir: Path, *, family: str = "qwen3_5", echo: bool = False
+) -> Path:
+    """tinymodels' ``qwen3_5`` or ``qwen3_next`` (hybrid: gated-delta and full attention)
+    with ``mtp.*`` added.
 
     ``echo`` zeroes what every layer adds to its residual stream (the gated-delta
     ``out_proj`` too) and makes ``fc`` pass the token embedding through, as above.
@@ -214,16 +217,26 @@ def build_tiny_qwen_mtp_model(out_dir: Path, *, echo: bool = False) -> Path:
     from mlxd.engine.chat.speculative.mtp_head import QwenMtp
     from tests.support.tinymodels import build_tiny_model
 
-    out_dir = build_tiny_model("qwen3_5", Path(out_dir))
+    out_dir = build_tiny_model(family, Path(out_dir))
     config = json.loads((out_dir / "config.json").read_text())
-    from mlx_lm.models.qwen3_5 import TextModelArgs
-
-    args = TextModelArgs.from_dict(config)
-    head = dict(tree_flatten(QwenMtp(args, 1).parameters()))
-    rng = np.random.default_rng(
-        int(hashlib.sha256(f"qwen-mtp:{echo}".encode()).hexdigest()[:8], 16)
-    )
-    weights = {f"mtp.{k}": v for k, v in _random_weights(head, rng).items()}
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    args_class = getattr(module, "TextModelArgs", None) or module.ModelArgs
+    if family == "qwen3_next":
+        # mlx-lm reads a Qwen3-Next checkpoint's mtp.* (to drop it) only in the Hugging
+        # Face layout, which it tells by unstacked experts: a MoE target, written so.
+        config.update(_QWEN_NEXT_MOE)
+        _write_moe_target(out_dir, module, args_class.from_dict(config))
+    args = args_class.from_dict(config)
+    head = dict(tree_flatten(QwenMtp(args, 1, family).parameters()))
+    seed = hashlib.sha256(f"{family}-mtp:{echo}".encode()).hexdigest()[:8]
+    weights = {
+        f"mtp.{k}": v
+        for k, v in _random_weights(head, np.random.default_rng(int(seed, 16))).items()
+    }
+    for name in [n for n in weights if ".switch_mlp." in n]:  # experts one by one, as HF
+        at, proj = name.split(".switch_mlp.")
+        stacked = weights.pop(name)
+        weights.update({f"{at}.experts.{e}.{proj}": stacked[e] for e in range(len(stacked))})
     size = args.hidden_size
     for name in ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"):
         weights[name] = np.ones(size, np.float32)  # _random_weights draws "embed" names
@@ -248,15 +261,38 @@ def build_tiny_qwen_mtp_model(out_dir: Path, *, echo: bool = False) -> Path:
 
 _RESIDUAL = ("o_proj.weight", "down_proj.weight")
 
+_QWEN_NEXT_MOE = {
+    "num_experts": EXPERTS,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "decoder_sparse_step": 1,
+}
 
-def tiny_qwen_mtp_dir(*, echo: bool = False) -> Path:
+
+def _write_moe_target(out_dir: Path, module: Any, args: Any) -> None:
+    """Random MoE target weights, experts one by one (mlx-lm stacks them at load)."""
+    from mlx.utils import tree_flatten
+
+    params = dict(tree_flatten(module.Model(args).parameters()))
+    rng = np.random.default_rng(int(hashlib.sha256(b"qwen3_next-moe").hexdigest()[:8], 16))
+    out: dict[str, mx.array] = {}
+    for name, w in _random_weights(params, rng).items():
+        if ".switch_mlp." in name:
+            at, proj = name.split(".switch_mlp.")
+            for e in range(w.shape[0]):
+                out[f"{at}.experts.{e}.{proj}"] = mx.array(w[e])
+        else:
+            out[name] = mx.array(w)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), out, metadata={"format": "mlx"})
+
+
+def tiny_qwen_mtp_dir(family: str = "qwen3_5", *, echo: bool = False) -> Path:
     """A cached build of :func:`build_tiny_qwen_mtp_model`."""
     from tests.support.tinymodels import family_config
 
-    blob = json.dumps(
-        [_BUILD, family_config("qwen3_5"), echo, _content_key("qwen3_5")], sort_keys=True
-    )
+    blob = json.dumps([_BUILD, family_config(family), echo, _content_key(family)], sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()[:12]
-    name = f"qwen3_5_mtp-{'echo' if echo else 'random'}-{key}"
+    name = f"{family}_mtp-{'echo' if echo else 'random'}-{key}"
     final = cache_root() / CONTENT_VERSION / name
-    return build_once(final, lambda tmp: build_tiny_qwen_mtp_model(tmp, echo=echo))
+    return build_once(final, lambda tmp: build_tiny_qwen_mtp_model(tmp, family=family, echo=echo))

@@ -16,8 +16,8 @@ The embedding and output head are the target's (the checkpoint's
 ``embed_tokens`` and ``shared_head.head`` copies of them are not loaded).
 Drafting deeper than one token feeds ``h`` back in as the next ``h_t``.
 
-Qwen3.5/3.6 (``qwen3_5``, ``qwen3_5_moe``) keep theirs as ``mtp.*``
-(:class:`QwenMtp`): ``fc`` over ``[pre_fc_norm_embedding(embed(x_{t+1})),
+Qwen3.5/3.6 (``qwen3_5``, ``qwen3_5_moe``) and Qwen3-Next keep theirs as
+``mtp.*`` (:class:`QwenMtp`): ``fc`` over ``[pre_fc_norm_embedding(embed(x_{t+1})),
 pre_fc_norm_hidden(h_t)]``, full-attention decoder layers, a final ``norm``
 whose output both feeds the target's head and the next draft step.
 """
@@ -41,8 +41,13 @@ NEXTN_FAMILIES: dict[str, str] = {
 }
 
 
-# Families with the Qwen3.5 ``mtp.*`` layout (config model_type).
-QWEN_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+# Families with the Qwen3.5 ``mtp.*`` layout (config model_type): the mlx-lm
+# module and class of their decoder layer.
+QWEN_FAMILIES: dict[str, tuple[str, str]] = {
+    "qwen3_5": ("qwen3_5", "DecoderLayer"),  # Qwen3.5/3.6 dense
+    "qwen3_5_moe": ("qwen3_5", "DecoderLayer"),  # Qwen3.5/3.6 MoE
+    "qwen3_next": ("qwen3_next", "Qwen3NextDecoderLayer"),
+}
 
 
 class _SharedHead(nn.Module):
@@ -75,16 +80,18 @@ class NextN(nn.Module):
 class QwenMtp(nn.Module):
     """Qwen3.5's ``mtp.*``: ``fc`` over both normed inputs, decoder layers, a norm."""
 
-    def __init__(self, args: Any, layers: int):
+    def __init__(self, args: Any, layers: int, family: str = "qwen3_5"):
         super().__init__()
-        from mlx_lm.models import qwen3_5
+        import importlib
 
+        where, name = QWEN_FAMILIES[family]
+        layer = getattr(importlib.import_module(f"mlx_lm.models.{where}"), name)
         size, eps = args.hidden_size, args.rms_norm_eps
         full = replace(args, full_attention_interval=1)  # every MTP layer attends
         self.fc = nn.Linear(2 * size, size, bias=False)
         self.pre_fc_norm_embedding = nn.RMSNorm(size, eps=eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(size, eps=eps)
-        self.layers = [qwen3_5.DecoderLayer(full, 0) for _ in range(layers)]
+        self.layers = [layer(full, 0) for _ in range(layers)]
         self.norm = nn.RMSNorm(size, eps=eps)
 
     def __call__(

@@ -5,9 +5,10 @@ reads those tensors back from the same safetensors files (only the shards
 that hold them) and loads them into the head's module: GLM's
 ``model.layers.<N>.*`` through the target's own ``sanitize`` (expert
 stacking) as if they were layer 0, into a :class:`~.mtp_head.NextN`;
-Qwen3.5's ``mtp.*`` (norms shifted, fused experts split, as mlx-lm does for
-the target) into a :class:`~.mtp_head.QwenMtp`. The head's bytes count in the target's
-``weights_bytes``, so the memory budget holds both. A model that cannot run
+Qwen3.5's and Qwen3-Next's ``mtp.*`` (norms shifted, experts split or
+stacked, as mlx-lm does for the target) into a :class:`~.mtp_head.QwenMtp`.
+The head's bytes count in the target's ``weights_bytes``, so the memory
+budget holds both. A model that cannot run
 an MTP head is refused with the reason, naming it: the load fails (first
 load or reload), never a step.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -92,9 +94,10 @@ def load_mtp(loaded: LoadedModel) -> MtpHead:
         )
     layers = 1
     if qwen:
-        weights = _qwen_weights(tensors, hf_layout=_unsanitized(path))
+        weights = _qwen_weights(tensors, hf_layout=_unsanitized(path, info.family))
         layers = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("layers."))
-        module: NextN | QwenMtp = QwenMtp(model.language_model.args, layers)
+        args = getattr(model, "language_model", model).args
+        module: NextN | QwenMtp = QwenMtp(args, layers, info.family)
     else:
         weights = _nextn_weights(model, tensors, prefix)
         module = nextn_module(model)
@@ -136,18 +139,34 @@ def _qwen_weights(tensors: dict[str, mx.array], *, hf_layout: bool) -> dict[str,
         if hf_layout and rest.endswith("norm.weight") and value.ndim == 1:
             value = value + 1.0  # Qwen3.5 stores RMSNorm scales around 0
         out[rest] = value
-    for key in [k for k in out if k.endswith(".experts.gate_up_proj")]:
+    for key in [k for k in out if k.endswith(".experts.gate_up_proj")]:  # Qwen3.5 MoE
         at = key.removesuffix(".experts.gate_up_proj")
         gate_up = out.pop(key)
         mid = gate_up.shape[-2] // 2
         out[f"{at}.switch_mlp.gate_proj.weight"] = gate_up[..., :mid, :]
         out[f"{at}.switch_mlp.up_proj.weight"] = gate_up[..., mid:, :]
         out[f"{at}.switch_mlp.down_proj.weight"] = out.pop(f"{at}.experts.down_proj")
+    experts: dict[tuple[str, str], dict[int, str]] = {}  # Qwen3-Next: one by one
+    for key in out:
+        if match := _EXPERT.fullmatch(key):
+            at, e, proj, leaf = match.groups()
+            experts.setdefault((at, f"{proj}.{leaf}"), {})[int(e)] = key
+    for (at, leaf), keys in experts.items():
+        out[f"{at}.switch_mlp.{leaf}"] = mx.stack([out.pop(keys[e]) for e in sorted(keys)])
     return out
 
 
-def _unsanitized(path: Path) -> bool:
-    """Whether the checkpoint is in the Hugging Face layout (as mlx-lm's qwen3_5 tells it)."""
+_EXPERT = re.compile(r"(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|scales|biases)")
+
+
+def _unsanitized(path: Path, family: str) -> bool:
+    """Whether the checkpoint is in the Hugging Face layout, as the target's sanitize tells it.
+
+    mlx-lm shifts the norms of a Qwen3.5 checkpoint whose conv1d weights are
+    unsanitized, and of a Qwen3-Next one whose experts are unstacked.
+    """
+    if family == "qwen3_next":
+        return bool(_read(path, "model.layers.", lambda k: ".mlp.experts.0." in k, first=True))
     conv = _read(path, "", lambda key: "conv1d.weight" in key, first=True)
     return any(v.shape[-1] != 1 for v in conv.values())
 
