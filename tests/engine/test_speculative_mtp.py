@@ -9,6 +9,7 @@ MTP layer predicts what the target will choose, so drafts are accepted.
 from __future__ import annotations
 
 import functools
+import shutil
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -111,12 +112,19 @@ def test_the_mtp_head_loads_from_the_checkpoint_and_its_bytes_count():
     assert attach_mtp(loaded, SpeculativeSettings(mode="off")) is loaded
 
 
-def test_a_model_without_an_mtp_head_is_refused_naming_it(tiny_models):
+def test_a_model_without_an_mtp_head_is_refused_naming_it(tiny_models, tmp_path):
     from mlxd.engine.chat.speculative.mtp_loading import load_mtp
 
+    broken = tmp_path / "broken-mtp"  # its MTP layer lacks eh_proj
+    shutil.copytree(tiny_mtp_dir(), broken)
+    arrays = mx.load(str(broken / "model.safetensors"))
+    assert isinstance(arrays, dict)
+    del arrays["model.layers.2.eh_proj.weight"]
+    mx.save_safetensors(str(broken / "model.safetensors"), arrays)
     for model_dir, why in (
         (tiny_mtp_dir(with_mtp=False), "has no MTP weights"),
         (tiny_models("llama"), "is a 'llama' model"),
+        (broken, "has MTP weights this build cannot read"),
     ):
         with pytest.raises(ModelLoadError, match=why) as caught:
             load_mtp(_loaded(model_dir))

@@ -92,12 +92,24 @@ def load_mtp(loaded: LoadedModel) -> MtpHead:
             "(mlx_lm.convert, most mlx-community uploads) drop them: serve the original "
             'checkpoint, or use mode = "prompt_lookup"',
         )
+    try:
+        module, layers = _module(model, info.family, path, tensors, prefix)
+    except Exception as exc:  # a layout this build does not know: the load says so
+        raise _refused(name, f"has MTP weights this build cannot read: {exc}") from exc
+    trunk, head, embed = target_parts(model)
+    return MtpHead(module, trunk, head, embed, info.family, nbytes(module), layers)
+
+
+def _module(
+    model: Any, family: str, path: Path, tensors: dict[str, mx.array], prefix: str
+) -> tuple[NextN | QwenMtp, int]:
+    """The head's module with ``tensors`` loaded (strictly), and its decoder layer count."""
     layers = 1
-    if qwen:
-        weights = _qwen_weights(tensors, hf_layout=_unsanitized(path, info.family))
+    if family in QWEN_FAMILIES:
+        weights = _qwen_weights(tensors, hf_layout=_unsanitized(path, family))
         layers = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("layers."))
         args = getattr(model, "language_model", model).args
-        module: NextN | QwenMtp = QwenMtp(args, layers, info.family)
+        module: NextN | QwenMtp = QwenMtp(args, layers, family)
     else:
         weights = _nextn_weights(model, tensors, prefix)
         module = nextn_module(model)
@@ -109,14 +121,10 @@ def load_mtp(loaded: LoadedModel) -> MtpHead:
             bits=int(quantization.get("bits", 4)),
             class_predicate=lambda p, _m: f"{p}.scales" in weights,
         )
-    try:
-        module.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise _refused(name, f"has MTP weights this build cannot read: {exc}") from exc
+    module.load_weights(list(weights.items()), strict=True)
     module.eval()
     mx.eval(module.parameters())
-    trunk, head, embed = target_parts(model)
-    return MtpHead(module, trunk, head, embed, info.family, nbytes(module), layers)
+    return module, layers
 
 
 def _nextn_weights(model: Any, tensors: dict[str, mx.array], prefix: str) -> dict[str, mx.array]:
