@@ -10,13 +10,6 @@ from mlxd.config.sections import Section, _field
 
 SpecMode = Literal["off", "prompt_lookup", "draft", "mtp"]
 
-# Modes the config names but this build cannot run yet, and why (a clear error, not a no-op).
-UNAVAILABLE: dict[str, str] = {
-    "mtp": "MTP heads are not usable here: mlx-lm strips the mtp.* weights at load and "
-    "neither mlx-lm nor mlx-vlm offers an MTP head for a batched cache "
-    "(see docs/batching.md#speculative-decoding)",
-}
-
 
 class SpeculativeSettings(Section):
     """How a chat model drafts tokens and verifies them in the batch lane."""
@@ -25,7 +18,9 @@ class SpeculativeSettings(Section):
         "off",
         "live",
         'What drafts tokens: "off", "prompt_lookup" (n-grams of the row\'s own prompt and '
-        'output), "draft" (a small model), "mtp" (the model\'s multi-token-prediction heads).',
+        'output), "draft" (a small model), "mtp" (the multi-token-prediction head in the '
+        "model's own checkpoint: GLM-4.5/4.7, GLM-4.7-Flash, Qwen3.5/3.6, Qwen3-Next; switching "
+        "to or from it reloads the model).",
     )
     max_draft_tokens: int = _field(
         4,
@@ -66,8 +61,6 @@ class SpeculativeSettings(Section):
     def _check(self) -> SpeculativeSettings:
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) is above ngram_max ({self.ngram_max})")
-        if self.mode in UNAVAILABLE:
-            raise ValueError(f'mode = "{self.mode}": {UNAVAILABLE[self.mode]}')
         if self.mode == "draft" and not self.draft_model:
             raise ValueError('mode = "draft" needs draft_model (a local model directory)')
         return self

@@ -21,6 +21,7 @@ from mlxd.engine.chat.hooks import OneMachine
 from mlxd.engine.chat.loading import LoadedModel, ModelLoadError
 from mlxd.engine.chat.quant_load import with_quantized_kv
 from mlxd.engine.chat.speculative.drafter import attach_draft
+from mlxd.engine.chat.speculative.mtp_loading import attach_mtp
 from mlxd.engine.messages import ModelInfo
 
 if TYPE_CHECKING:
@@ -103,7 +104,10 @@ class ServedModel:
                 loaded = with_quantized_kv(loaded, batch.kv_bits, batch.kv_group_size)
             else:
                 logger.warning("[batch] kv_bits is ignored for this model (cluster or vision)")
-        return attach_draft(loaded, speculative)
+        if speculative.mode == "mtp" and not isinstance(self._core.hooks, OneMachine):
+            logger.warning('[speculative] mode = "mtp" is ignored in a cluster (no speculation)')
+            return loaded
+        return attach_mtp(attach_draft(loaded, speculative), speculative)
 
     def _published(self, loaded: LoadedModel) -> None:
         self.grammars = loaded.grammars

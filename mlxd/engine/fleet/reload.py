@@ -31,6 +31,8 @@ _SWAP_KEYS = (
 
 def _draft(settings: Settings) -> str | None:
     spec = settings.speculative
+    if spec.mode == "mtp":  # the MTP head loads with its target too
+        return "mtp"
     return spec.draft_model if spec.mode == "draft" else None
 
 
@@ -118,7 +120,7 @@ class RegistryReload:
             await asyncio.to_thread(old.stop)
         else:
             swap = any(getattr(before, k) != getattr(entry, k) for k in _SWAP_KEYS)
-            # A draft model loads with its target (docs/configuration.md#speculative).
+            # A draft model or MTP head loads with its target (docs/configuration.md#speculative).
             swap = swap or _draft(before_settings) != _draft(slot.settings)
             if swap and slot.state == "loaded":
                 try:

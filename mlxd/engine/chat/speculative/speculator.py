@@ -21,6 +21,8 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlxd.config import SpeculativeSettings
 from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel
 from mlxd.engine.chat.speculative.lookup import NgramIndex
+from mlxd.engine.chat.speculative.mtp import MtpDrafter
+from mlxd.engine.chat.speculative.mtp_head import MtpHead
 from mlxd.engine.chat.speculative.verify import (
     greedy_rows,
     pending_tokens,
@@ -46,7 +48,7 @@ class SpecTally:
 class Speculator:
     """One batch lane's speculation: settings, per-row n-gram indexes, acceptance, tallies."""
 
-    def __init__(self, settings: SpeculativeSettings, draft: DraftModel | None = None):
+    def __init__(self, settings: SpeculativeSettings, draft: DraftModel | MtpHead | None = None):
         self.settings = settings
         self.acceptance = Acceptance()
         self.depth = 0
@@ -56,7 +58,9 @@ class Speculator:
         self._plain_rows = 0
         self._indexes: dict[int, NgramIndex] = {}
         # mode = "draft": the draft model loaded with the target (None: nothing to draft with).
-        self._drafter = Drafter(draft) if draft is not None else None
+        self._drafter = Drafter(draft) if isinstance(draft, DraftModel) else None
+        # mode = "mtp": the target's MTP head, loaded with it (mlxd.engine.chat.speculative.mtp).
+        self._mtp = MtpDrafter(draft) if isinstance(draft, MtpHead) else None
 
     def configure(self, settings: SpeculativeSettings) -> None:
         """New settings, live; the n-gram indexes are rebuilt when their lengths change."""
@@ -82,8 +86,10 @@ class Speculator:
         self, batch: GenerationBatch, plain: Callable[[], list[GenerationBatch.Response]]
     ) -> list[GenerationBatch.Response]:
         settings = self.settings
-        if settings.mode == "draft" and self._drafter is None:
-            self.depth = 0  # the draft model loads with its target: a reload swaps it in
+        if (settings.mode == "draft" and self._drafter is None) or (
+            settings.mode == "mtp" and self._mtp is None
+        ):
+            self.depth = 0  # the drafter loads with its target: a reload swaps it in
             return plain()
         if settings.mode == "off" or not batch.uids or not verifiable(batch):
             self.depth = 0
@@ -103,18 +109,27 @@ class Speculator:
         pending = pending_tokens(batch)
         started = time.perf_counter()
         drafts: list[list[int]] = [[] for _ in batch.uids]
+        asked = False
         for i in rows:
             room = batch.max_tokens[i] - batch._num_tokens[i] - 1
             if room > 0:
+                asked = True
                 drafts[i] = self._draft(
                     batch.uids[i], batch.tokens[i], pending[i], min(depth, room)
                 )
         self._forget(batch.uids)
-        if not any(drafts):
+        mtp = self._mtp if settings.mode == "mtp" else None
+        # MTP rows draft from the hidden state a verify step keeps: get it when none has one.
+        if not any(drafts) and (mtp is None or not asked):
             self.acceptance.record(0, 0)
             return self._plain(width, plain)
-        responses, verified = verify(batch, pending, drafts)
-        self.costs.record(width, verified.width, time.perf_counter() - started)
+        uids = list(batch.uids)
+        forward = mtp.forward if mtp is not None else None
+        responses, verified = verify(batch, pending, drafts, forward)
+        if mtp is not None:
+            mtp.observe(batch, uids, drafts, verified.accepted)
+        if any(drafts):
+            self.costs.record(width, verified.width, time.perf_counter() - started)
         self._plain_rows = 0
         drafted, accepted = sum(verified.drafted), sum(verified.accepted)
         self.acceptance.record(drafted, accepted)
@@ -146,6 +161,8 @@ class Speculator:
     def _draft(self, uid: int, tokens: list[int], pending: int, k: int) -> list[int]:
         if self.settings.mode == "draft" and self._drafter is not None:
             return self._drafter.propose(uid, tokens, pending, k)
+        if self.settings.mode == "mtp":
+            return self._mtp.propose(uid, tokens, pending, k) if self._mtp is not None else []
         index = self._indexes.get(uid)
         if index is None or len(index) > len(tokens) + 1:
             index = self._indexes[uid] = NgramIndex(
@@ -159,6 +176,8 @@ class Speculator:
     def _forget(self, uids: list[int]) -> None:
         if self._drafter is not None:
             self._drafter.forget(set(uids))
+        if self._mtp is not None:
+            self._mtp.forget(set(uids))
         if len(self._indexes) > len(uids):
             live = set(uids)
             for uid in [u for u in self._indexes if u not in live]:

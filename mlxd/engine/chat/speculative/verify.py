@@ -20,6 +20,7 @@ step (upstream gap, noted in docs/batching.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -64,9 +65,15 @@ def pending_tokens(batch: GenerationBatch) -> list[int]:
 
 
 def verify(
-    batch: GenerationBatch, pending: list[int], drafts: list[list[int]]
+    batch: GenerationBatch,
+    pending: list[int],
+    drafts: list[list[int]],
+    forward: Callable[..., mx.array] | None = None,
 ) -> tuple[list[GenerationBatch.Response], Verified]:
     """Feed every row's pending token and draft; keep what each row accepts.
+
+    ``forward`` replaces ``batch.model`` for the forward (same logits; an MTP
+    drafter's keeps the hidden states).
 
     Returns the responses mlx-lm's ``GenerationBatch.next`` would give, one
     per emitted token (several per row when drafts are accepted), and what
@@ -76,8 +83,9 @@ def verify(
     uids = list(batch.uids)
     width = 1 + max(len(d) for d in drafts)
     rows = [[pending[i], *d, *([0] * (width - 1 - len(d)))] for i, d in enumerate(drafts)]
+    model = forward if forward is not None else batch.model
     with begin(batch.model, batch.prompt_cache, width) as step:
-        logits = batch.model(mx.array(rows, dtype=mx.uint32), cache=batch.prompt_cache)
+        logits = model(mx.array(rows, dtype=mx.uint32), cache=batch.prompt_cache)
 
     first, context = _processed(batch, logits[:, 0, :], pending)
     first_lp = first - mx.logsumexp(first, axis=-1, keepdims=True)
@@ -89,8 +97,11 @@ def verify(
         axis=0,
     )
     later = logits[:, 1:, :]
-    later_lp = later - mx.logsumexp(later, axis=-1, keepdims=True)
-    choices = mx.argmax(later_lp, axis=-1)
+    if width > 1:
+        later_lp = later - mx.logsumexp(later, axis=-1, keepdims=True)
+        choices = mx.argmax(later_lp, axis=-1)
+    else:  # no row drafted (an MTP step that only keeps hidden states)
+        later_lp, choices = later, mx.zeros((n, 0), dtype=mx.uint32)
     mx.eval(sampled, first_lp, later_lp, choices, context)
     sampled_list = cast("list[int]", sampled.tolist())
     choice_rows = cast("list[list[int]]", choices.tolist())
