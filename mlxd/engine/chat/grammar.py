@@ -179,6 +179,8 @@ class ConstraintProcessor:
         self._base: int | None = None
         self._seen = 0
         self._tail: list[int] = []
+        # Tokens the matcher consumed (what a rewind rolls back).
+        self._fed = 0
         self._metal = mx.metal.is_available() if metal is None else metal
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
@@ -207,3 +209,31 @@ class ConstraintProcessor:
                     f"token {token} was refused: {self.matcher.get_error()}",
                     generated=self._seen,
                 )
+            self._fed += 1
+
+    # Speculative decoding (mlxd.engine.chat.speculative.constrained): a verify
+    # step calls the processor once per drafted position, then rewinds it to
+    # the state after the tokens the row accepted.
+
+    def allowed(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` (the next ones this processor will see) the grammar allows."""
+        active, tail = self.active, list(self._tail)
+        for at, token in enumerate(tokens):
+            if active:
+                return at + self.matcher.validate_tokens(list(tokens[at:]))
+            tail = [*tail, token][-len(self._think_end) :]
+            active = tuple(tail) == self._think_end
+        return len(tokens)
+
+    def mark(self) -> tuple[Any, ...]:
+        """The processor's state now, for :meth:`rewind`."""
+        return (self.active, tuple(self._tail), self._seen, self._fed)
+
+    def rewind(self, mark: tuple[Any, ...]) -> None:
+        """Back to ``mark``: the matcher rolls back the tokens it consumed since."""
+        active, tail, seen, fed = mark
+        if self._fed > fed and not self.matcher.rollback(self._fed - fed):
+            raise GrammarFailure(
+                f"rollback failed: {self.matcher.get_error()}", generated=self._seen
+            )
+        self.active, self._tail, self._seen, self._fed = active, list(tail), seen, fed

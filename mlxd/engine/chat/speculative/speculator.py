@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 
 from mlxd.config import SpeculativeSettings
+from mlxd.engine.chat.speculative.constrained import cut, may_speculate
 from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel
 from mlxd.engine.chat.speculative.lookup import NgramIndex
 from mlxd.engine.chat.speculative.verify import (
@@ -55,6 +57,10 @@ class Speculator:
         # Rows of the last step when it was a plain one (0: it was not).
         self._plain_rows = 0
         self._indexes: dict[int, NgramIndex] = {}
+        # The lane's rows by uid and the model's end-of-sequence ids (set by the lane):
+        # rows with logits processors speculate through them (.constrained).
+        self.rows: Mapping[int, Any] = {}
+        self.eos: frozenset[int] = frozenset()
         # mode = "draft": the draft model loaded with the target (None: nothing to draft with).
         self._drafter = Drafter(draft) if draft is not None else None
 
@@ -88,7 +94,8 @@ class Speculator:
         if settings.mode == "off" or not batch.uids or not verifiable(batch):
             self.depth = 0
             return plain()
-        rows = greedy_rows(batch)
+        lane = [self.rows.get(uid) for uid in batch.uids]
+        rows = [i for i in greedy_rows(batch, every=True) if may_speculate(batch, i, lane[i])]
         width = len(batch.uids)
         self.depth = depth = choose_depth(
             width,
@@ -106,14 +113,13 @@ class Speculator:
         for i in rows:
             room = batch.max_tokens[i] - batch._num_tokens[i] - 1
             if room > 0:
-                drafts[i] = self._draft(
-                    batch.uids[i], batch.tokens[i], pending[i], min(depth, room)
-                )
+                draft = self._draft(batch.uids[i], batch.tokens[i], pending[i], min(depth, room))
+                drafts[i] = cut(lane[i], self.eos, pending[i], draft)
         self._forget(batch.uids)
         if not any(drafts):
             self.acceptance.record(0, 0)
             return self._plain(width, plain)
-        responses, verified = verify(batch, pending, drafts)
+        responses, verified = verify(batch, pending, drafts, lane)
         self.costs.record(width, verified.width, time.perf_counter() - started)
         self._plain_rows = 0
         drafted, accepted = sum(verified.drafted), sum(verified.accepted)

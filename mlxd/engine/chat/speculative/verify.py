@@ -7,7 +7,8 @@ model's choice at every position: a greedy row keeps its draft up to the
 first token the model would not have chosen, plus the model's own token
 after it, which becomes its new pending token. Rows without a draft (or not
 allowed one) take position 0 exactly as the plain step does: their logits
-processors and sampler, their own random state.
+processors and sampler, their own random state. A row's logits processors
+run at each of its drafted positions (:mod:`.constrained`).
 
 Each row then drops the positions it did not keep: all rows the common
 part by ``trim``; the rest per row by the right-padding roll that
@@ -29,6 +30,8 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
+from mlxd.engine.chat.speculative.constrained import Walk
+
 
 @dataclass
 class Verified:
@@ -45,14 +48,15 @@ def verifiable(batch: GenerationBatch) -> bool:
     return bool(batch.prompt_cache) and all(type(c) is BatchKVCache for c in batch.prompt_cache)
 
 
-def greedy_rows(batch: GenerationBatch) -> list[int]:
-    """Rows that may speculate: the shared greedy sampler and no logits processor."""
+def greedy_rows(batch: GenerationBatch, *, every: bool = False) -> list[int]:
+    """Rows that may speculate: the shared greedy sampler and no logits processor
+    (``every``: with or without processors; :mod:`.constrained` decides those)."""
     processors = batch.logits_processors or [()] * len(batch.uids)
     samplers = batch.samplers or [batch.fallback_sampler] * len(batch.uids)
     return [
         i
         for i in range(len(batch.uids))
-        if not processors[i] and samplers[i] is batch.fallback_sampler
+        if (every or not processors[i]) and samplers[i] is batch.fallback_sampler
     ]
 
 
@@ -77,13 +81,17 @@ def rollback(caches: list[Any], surplus: list[int]) -> None:
 
 
 def verify(
-    batch: GenerationBatch, pending: list[int], drafts: list[list[int]]
+    batch: GenerationBatch,
+    pending: list[int],
+    drafts: list[list[int]],
+    lane_rows: list[Any] | None = None,
 ) -> tuple[list[GenerationBatch.Response], Verified]:
     """Feed every row's pending token and draft; keep what each row accepts.
 
     Returns the responses mlx-lm's ``GenerationBatch.next`` would give, one
     per emitted token (several per row when drafts are accepted), and what
-    was drafted and accepted per row.
+    was drafted and accepted per row. ``lane_rows`` (the lane's row per batch
+    index) lets rows with logits processors keep a draft (:mod:`.constrained`).
     """
     n = len(batch.uids)
     uids = list(batch.uids)
@@ -91,7 +99,9 @@ def verify(
     rows = [[pending[i], *d, *([0] * (width - 1 - len(d)))] for i, d in enumerate(drafts)]
     logits = batch.model(mx.array(rows, dtype=mx.uint32), cache=batch.prompt_cache)
 
-    first, context = _processed(batch, logits[:, 0, :], pending)
+    walk = Walk(batch, pending, drafts, lane_rows)
+    logits, context = walk.process(logits)
+    first = logits[:, 0, :]
     first_lp = first - mx.logsumexp(first, axis=-1, keepdims=True)
     sampled = mx.concatenate(
         [
@@ -122,6 +132,7 @@ def verify(
         while took < len(draft) and draft[took] == model_says[took]:
             took += 1
         accepted.append(took)
+        walk.settle(i, took)
         emitted = [pending[i], *draft[:took]]
         logprobs = [previous_lp[i]] + [
             first_lp[i] if j == 0 else later_lp[i, j - 1] for j in range(took)
@@ -158,24 +169,3 @@ def verify(
     if len(keep) < n:
         batch.filter(keep)
     return responses, Verified(uids, [len(d) for d in drafts], accepted, width)
-
-
-def _processed(
-    batch: GenerationBatch, logits: mx.array, pending: list[int]
-) -> tuple[mx.array, list[mx.array]]:
-    """Position 0's logits after each row's processors, as the plain step applies them."""
-    every = batch.logits_processors or []
-    if not any(every):
-        return logits, []
-    out = []
-    context = []
-    for e in range(len(batch.uids)):
-        row = logits[e : e + 1]
-        processors = every[e] or ()
-        if processors:
-            tokens = batch._token_context[e].update_and_fetch(mx.array([pending[e]]))
-            context.append(tokens)
-            for processor in processors:
-                row = processor(tokens, row)
-        out.append(row)
-    return mx.concatenate(out, axis=0), context

@@ -1,0 +1,145 @@
+"""Rows with logits processors in a verify step: grammars, penalties, logit_bias, budgets.
+
+A row's processors see, at every drafted position, exactly what a plain step
+would show them there: the row's tokens up to that position (its pending
+token and the draft before it) and that position's logits. Penalties and
+``logit_bias`` are pure functions of those two. The stateful ones (the
+grammar, :class:`~mlxd.engine.chat.grammar.ConstraintProcessor`, and the
+thinking budget, :class:`~mlxd.engine.chat.reasoning_budget.ReasoningBudget`)
+advance one token per call as always; each is marked after every position,
+and once the row's acceptance is known it is rewound to the mark after the
+last accepted token (the grammar's matcher rolls back the rest), so it ends
+in exactly the state it would have without speculation.
+
+Before the forward, a grammar row's draft is cut at the first token its
+grammar forbids (``LLMatcher.validate_tokens``, which changes nothing) and
+before any end-of-sequence token (a matcher that consumed one has stopped and
+does not count it among the tokens it can roll back), so no position is
+spent on a draft the row could never accept.
+
+Not speculating (their rows run at depth 0 in the verify step): rows with a
+test-only fault processor (it counts its calls), and rows the lane does not
+know (no row to read the processor's state from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+
+
+def may_speculate(batch: GenerationBatch, i: int, row: Any) -> bool:
+    """Whether row ``i``'s processors (if any) can run along a draft and be rewound.
+
+    ``row`` is the lane's :class:`~mlxd.engine.chat.row.Row` for it (None: unknown).
+    """
+    every = batch.logits_processors
+    if not every or not every[i]:
+        return True
+    if row is None or row.request.fault:
+        return False
+    return row.matcher is None or hasattr(row.matcher, "rewind")
+
+
+def cut(row: Any, eos: Collection[int], pending: int, draft: list[int]) -> list[int]:
+    """``draft`` up to the first token the row's grammar forbids or an end of sequence."""
+    matcher = row.matcher if row is not None else None
+    if matcher is None or not draft:
+        return draft
+    for at, token in enumerate(draft):
+        if token in eos:
+            draft = draft[:at]
+            break
+    if not draft:
+        return draft
+    # The pending token is not consumed yet: the processor sees it at position 0.
+    return draft[: max(0, matcher.allowed([pending, *draft]) - 1)]
+
+
+class Walk:
+    """One verify step's processors along each row's draft, and their rewind."""
+
+    def __init__(
+        self,
+        batch: GenerationBatch,
+        pending: list[int],
+        drafts: list[list[int]],
+        rows: list[Any] | None,
+    ):
+        self.batch = batch
+        self.pending = pending
+        self.drafts = drafts
+        self.rows = rows or [None] * len(drafts)
+        # Per row index: the stateful processor's mark after each position.
+        self.marks: dict[int, list[Any]] = {}
+
+    def process(self, logits: mx.array) -> tuple[mx.array, list[mx.array]]:
+        """``logits`` ``(rows, width, vocab)`` after each row's processors, position by position.
+
+        Positions past a row's draft (padding) are left as they are; nothing reads them.
+        Also returns the token contexts made (to evaluate with the step).
+        """
+        batch = self.batch
+        every = batch.logits_processors or []
+        if not any(every):
+            return logits, []
+        mx.async_eval(logits)  # the forward runs while the processors (CPU) do their part
+        out: list[mx.array] = []
+        contexts: list[mx.array] = []
+        for e in range(len(batch.uids)):
+            processors = every[e] or ()
+            if not processors:
+                out.append(logits[e])
+                continue
+            context = batch._token_context[e].update_and_fetch(mx.array([self.pending[e]]))
+            contexts.append(context)
+            out.append(self._row(e, processors, context, logits[e]))
+        return mx.stack(out), contexts
+
+    def _row(
+        self,
+        e: int,
+        processors: list[Callable[[mx.array, mx.array], mx.array]],
+        context: mx.array,
+        logits: mx.array,
+    ) -> mx.array:
+        draft = self.drafts[e]
+        row = self.rows[e]
+        stateful = row.matcher if row is not None and draft else None
+        marks: list[Any] = []
+        positions: list[mx.array] = []
+        for j in range(len(draft) + 1):
+            tokens = context
+            if j:
+                tokens = mx.concatenate([context, mx.array(draft[:j], dtype=context.dtype)])
+            x = logits[j : j + 1]
+            for processor in processors:
+                x = processor(tokens, x)
+            positions.append(x)
+            if stateful is not None:
+                marks.append(stateful.mark())
+        if stateful is not None:
+            self.marks[e] = marks
+        if len(draft) + 1 < logits.shape[0]:
+            positions.append(logits[len(draft) + 1 :])
+        return mx.concatenate(positions, axis=0)
+
+    def settle(self, e: int, took: int) -> None:
+        """Row ``e`` accepted ``took`` drafted tokens: its context and processors follow."""
+        batch = self.batch
+        every = batch.logits_processors or []
+        if not every or not every[e]:
+            return
+        draft = self.drafts[e]
+        if took:
+            batch._token_context[e].update_and_fetch(mx.array(draft[:took]))
+        marks = self.marks.get(e)
+        row = self.rows[e]
+        if marks and took < len(draft) and row is not None and row.error is None:
+            try:
+                row.matcher.rewind(marks[took])
+            except Exception as exc:  # the row fails alone, as its processor would
+                row.error = exc
