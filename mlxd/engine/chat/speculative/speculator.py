@@ -23,6 +23,7 @@ from mlxd.config import SpeculativeSettings
 from mlxd.engine.chat.speculative.constrained import cut, may_speculate
 from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel
 from mlxd.engine.chat.speculative.lookup import NgramIndex
+from mlxd.engine.chat.speculative.rejection import samples
 from mlxd.engine.chat.speculative.verify import (
     greedy_rows,
     pending_tokens,
@@ -94,9 +95,14 @@ class Speculator:
         if settings.mode == "off" or not batch.uids or not verifiable(batch):
             self.depth = 0
             return plain()
-        lane = [self.rows.get(uid) for uid in batch.uids]
-        rows = [i for i in greedy_rows(batch, every=True) if may_speculate(batch, i, lane[i])]
         width = len(batch.uids)
+        lane = [self.rows.get(uid) for uid in batch.uids]
+        greedy = set(greedy_rows(batch, every=True))
+        rows = [
+            i
+            for i in range(width)
+            if (i in greedy or samples(lane[i])) and may_speculate(batch, i, lane[i])
+        ]
         self.depth = depth = choose_depth(
             width,
             settings.max_draft_tokens,

@@ -5,7 +5,8 @@ yet in the cache) and samples the next. This step feeds each row's pending
 token followed by its draft, right-padded to the widest row, and reads the
 model's choice at every position: a greedy row keeps its draft up to the
 first token the model would not have chosen, plus the model's own token
-after it, which becomes its new pending token. Rows without a draft (or not
+after it, which becomes its new pending token (a sampled row: rejection
+sampling, :mod:`.rejection`). Rows without a draft (or not
 allowed one) take position 0 exactly as the plain step does: their logits
 processors and sampler, their own random state. A row's logits processors
 run at each of its drafted positions (:mod:`.constrained`).
@@ -31,6 +32,7 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
 from mlxd.engine.chat.speculative.constrained import Walk
+from mlxd.engine.chat.speculative.rejection import Rejection
 
 
 @dataclass
@@ -113,7 +115,9 @@ def verify(
     later = logits[:, 1:, :]
     later_lp = later - mx.logsumexp(later, axis=-1, keepdims=True)
     choices = mx.argmax(later_lp, axis=-1)
-    mx.eval(sampled, first_lp, later_lp, choices, context)
+    rejection = Rejection(batch, drafts, lane_rows)
+    tests = rejection.prepare(first_lp, later_lp)
+    mx.eval(sampled, first_lp, later_lp, choices, context, tests)
     sampled_list = cast("list[int]", sampled.tolist())
     choice_rows = cast("list[list[int]]", choices.tolist())
 
@@ -127,7 +131,7 @@ def verify(
     accepted: list[int] = []
     for i in range(n):
         draft = drafts[i]
-        model_says = [sampled_list[i], *choice_rows[i]]
+        model_says = rejection.says(i) or [sampled_list[i], *choice_rows[i]]
         took = 0
         while took < len(draft) and draft[took] == model_says[took]:
             took += 1
