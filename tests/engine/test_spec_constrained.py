@@ -16,12 +16,20 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import TokenBuffer
 from mlx_lm.sample_utils import make_logits_processors
+from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from mlxd.engine.chat.grammar import ConstraintProcessor, Grammars, make_ll_tokenizer
 from mlxd.engine.chat.reasoning_budget import ReasoningBudget
 from mlxd.engine.chat.speculative.constrained import Walk
+from mlxd.engine.chat.speculative.speculator import Speculator
 from mlxd.engine.constraints import json_constraint, tool_constraint
-from mlxd.engine.messages import PenaltyParams
+from mlxd.engine.messages import (
+    ChatPrompt,
+    Finished,
+    GenerationRequest,
+    PenaltyParams,
+    SamplingParams,
+)
 from mlxd.engine.policy.spec_depth import StepCosts
 from tests.engine.test_speculative import MAX_TOKENS, TEXTS, WIDE, oracle, run_waves
 from tests.support.engine import token_request
@@ -90,6 +98,44 @@ def test_grammar_penalty_and_logprobs_rows_speculate_with_output_unchanged(
             assert a.id == b.id and abs(a.logprob - b.logprob) < 1e-3
             assert [t.id for t in a.top] == [t.id for t in b.top]
             assert all(abs(x.logprob - y.logprob) < 1e-3 for x, y in zip(a.top, b.top, strict=True))
+
+
+def test_a_grammar_row_that_thinks_first_speculates_across_its_think_end(monkeypatch):
+    """A thinking budget forces ``</think>``, then the grammar starts: drafts cross both."""
+    model_dir = tiny_model_dir("llama", template="hermes_think")
+
+    def request(rid: str) -> GenerationRequest:
+        return GenerationRequest(
+            id=rid,
+            prompt=ChatPrompt(({"role": "user", "content": TEXTS[0]},)),
+            max_tokens=MAX_TOKENS,
+            sampling=SamplingParams(),
+            constraint=json_constraint(SCHEMA, strict=True, param="p"),
+            reasoning_budget=8,
+        )
+
+    (off,), _ = run_waves(model_dir, [[request("off")]], "off")
+    think_end = load_tokenizer(model_dir).convert_tokens_to_ids("</think>")
+    at_end = off[0].tokens.index(think_end)
+    crossed = [0]
+
+    def draft(self, uid, tokens, pending, k):
+        """The answer; a draft that crosses ``</think>`` has the thought token before it wrong
+        (rejected there, after the grammar already consumed the answer's first tokens)."""
+        done = len(tokens) - len(self.rows[uid].prompt) + 1
+        out = list(off[0].tokens[done : done + k])
+        if done <= at_end - 1 and at_end + 1 < done + len(out):
+            crossed[0] += 1
+            out[at_end - 1 - done] = (out[at_end - 1 - done] + 1) % 500
+        return out
+
+    monkeypatch.setattr(Speculator, "_draft", draft)
+    (on,), (counters,) = run_waves(model_dir, [[request("on")]], "prompt_lookup", **WIDE)
+    end = off[0].end
+    assert isinstance(end, Finished) and end.usage.reasoning_tokens >= 8
+    assert off[0].text.startswith('{"a":')  # the answer after the forced end is the grammar's
+    assert on[0].tokens == off[0].tokens and on[0].text == off[0].text
+    assert counters["spec_accepted_tokens"] > 0 and crossed[0] > 0
 
 
 def grammar(tiny_loaded) -> tuple[Grammars, Any]:
