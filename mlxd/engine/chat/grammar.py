@@ -172,6 +172,7 @@ class ConstraintProcessor:
         think_end: Sequence[int] | None = None,
         reasoning: bool = False,
         metal: bool | None = None,
+        vocab: int | None = None,
     ):
         self.matcher = matcher
         self._think_end = tuple(think_end or ())
@@ -181,6 +182,10 @@ class ConstraintProcessor:
         self._tail: list[int] = []
         # Tokens the matcher consumed (what a rewind rolls back).
         self._fed = 0
+        # Masks computed ahead for the next calls (a verify step's draft), and
+        # a mask's width in 32-bit words for llguidance's executor (0: unknown).
+        self._ready: list[bytes] = []
+        self.words = (vocab + 31) // 32 if vocab else 0
         self._metal = mx.metal.is_available() if metal is None else metal
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
@@ -192,7 +197,7 @@ class ConstraintProcessor:
             self._consume(new)
         if not self.active:
             return logits
-        bitmask = self.matcher.compute_bitmask()
+        bitmask = self._ready.pop(0) if self._ready else self.matcher.compute_bitmask()
         if self.matcher.is_error():
             raise GrammarFailure(self.matcher.get_error(), generated=self._seen)
         return apply_mask(logits, bitmask, metal=self._metal)
@@ -224,6 +229,10 @@ class ConstraintProcessor:
             tail = [*tail, token][-len(self._think_end) :]
             active = tuple(tail) == self._think_end
         return len(tokens)
+
+    def prefetch(self, masks: list[bytes]) -> None:
+        """Masks for the next calls, computed ahead; ``[]`` drops any left."""
+        self._ready = list(masks)
 
     def mark(self) -> tuple[Any, ...]:
         """The processor's state now, for :meth:`rewind`."""

@@ -11,6 +11,9 @@ and once the row's acceptance is known it is rewound to the mark after the
 last accepted token (the grammar's matcher rolls back the rest), so it ends
 in exactly the state it would have without speculation.
 
+The grammar masks of every row's whole draft come from one parallel call to
+llguidance's executor, made while the forward runs (:meth:`Walk._prefetch`).
+
 Before the forward, a grammar row's draft is cut at the first token its
 grammar forbids (``LLMatcher.validate_tokens``, which changes nothing) and
 before any end-of-sequence token (a matcher that consumed one has stopped and
@@ -28,6 +31,9 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
+from llguidance import LLExecutor
+from llguidance.numpy import fill_next_token_bitmask_par_with_draft_tokens
 from mlx_lm.generate import GenerationBatch
 
 
@@ -87,6 +93,7 @@ class Walk:
         if not any(every):
             return logits, []
         mx.async_eval(logits)  # the forward runs while the processors (CPU) do their part
+        ahead = self._prefetch()
         out: list[mx.array] = []
         contexts: list[mx.array] = []
         for e in range(len(batch.uids)):
@@ -97,7 +104,35 @@ class Walk:
             context = batch._token_context[e].update_and_fetch(mx.array([self.pending[e]]))
             contexts.append(context)
             out.append(self._row(e, processors, context, logits[e]))
+        for grammar in ahead:
+            grammar.prefetch([])
         return mx.stack(out), contexts
+
+    def _prefetch(self) -> list[Any]:
+        """Every active grammar's masks along its row's draft, in parallel, ahead of the walk.
+
+        llguidance's executor advances each matcher along the pending token
+        and the draft, writes the mask at each position and rolls back; the
+        grammar processors then use these masks instead of computing them one
+        call at a time. Returns the processors given masks.
+        """
+        jobs = []
+        for e, draft in enumerate(self.drafts):
+            grammar = _grammar(self.rows[e]) if draft else None
+            if grammar is not None and grammar.active and grammar.words:
+                jobs.append((grammar, [self.pending[e], *draft]))
+        if not jobs:
+            return []
+        masks = np.full((sum(len(t) + 1 for _, t in jobs), jobs[0][0].words), -1, np.int32)
+        at, where = 0, []
+        for grammar, tokens in jobs:
+            where.append((grammar.matcher, at, tokens))
+            at += len(tokens) + 1
+        fill_next_token_bitmask_par_with_draft_tokens(_executor(), where, masks)
+        for (grammar, tokens), (_, start, _) in zip(jobs, where, strict=True):
+            # ``start`` holds the mask before the pending token, which its last step used.
+            grammar.prefetch([masks[start + 1 + j].tobytes() for j in range(len(tokens))])
+        return [grammar for grammar, _ in jobs]
 
     def _row(
         self,
@@ -143,3 +178,20 @@ class Walk:
                 row.matcher.rewind(marks[took])
             except Exception as exc:  # the row fails alone, as its processor would
                 row.error = exc
+
+
+def _grammar(row: Any) -> Any:
+    """The row's grammar processor (inside its thinking budget, if any), or None."""
+    processor = row.matcher if row is not None else None
+    processor = getattr(processor, "inner", processor)
+    return processor if hasattr(processor, "prefetch") else None
+
+
+_EXECUTOR: list[LLExecutor] = []
+
+
+def _executor() -> LLExecutor:
+    """llguidance's thread pool for parallel masks (one per process, made when first needed)."""
+    if not _EXECUTOR:
+        _EXECUTOR.append(LLExecutor())
+    return _EXECUTOR[0]
