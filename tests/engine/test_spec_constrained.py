@@ -10,6 +10,7 @@ which cuts the draft, sometimes one it allows, which the rewind undoes).
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
@@ -18,8 +19,14 @@ from mlx_lm.models.cache import TokenBuffer
 from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlxd.engine.chat.grammar import ConstraintProcessor, Grammars, make_ll_tokenizer
+from mlxd.engine.chat.grammar import (
+    ConstraintProcessor,
+    GrammarFailure,
+    Grammars,
+    make_ll_tokenizer,
+)
 from mlxd.engine.chat.reasoning_budget import ReasoningBudget
+from mlxd.engine.chat.sampling import guard_processor
 from mlxd.engine.chat.speculative.constrained import Walk
 from mlxd.engine.chat.speculative.speculator import Speculator
 from mlxd.engine.constraints import json_constraint, tool_constraint
@@ -204,3 +211,59 @@ def test_penalties_see_the_tokens_before_each_drafted_position():
     assert mx.array_equal(out[1], logits[1]).item()  # no processors: untouched
     walk.settle(0, 2)
     assert batch._token_context[0].update_and_fetch(mx.array([9])).tolist() == [1, 2, 2, 4, 5, 9]
+
+
+class _Poisoned:
+    """An LLMatcher whose masks fail for good once it consumes ``poison`` (a limit hit)."""
+
+    def __init__(self, real, poison: int):
+        self.real, self.poison, self.broken = real, poison, False
+
+    def consume_token(self, token):
+        self.broken = self.broken or token == self.poison
+        return self.real.consume_token(token)
+
+    def compute_bitmask(self):
+        return self.real.compute_bitmask()
+
+    def is_error(self):
+        return self.broken
+
+    def get_error(self):
+        return "Current row has too many items; max is 2000"
+
+    def rollback(self, n):
+        return not self.broken and self.real.rollback(n)
+
+    def deep_copy(self):
+        return _Poisoned(self.real.deep_copy(), self.poison)
+
+
+def test_a_grammar_failing_at_a_rejected_position_does_not_fail_its_row(tiny_loaded):
+    grammars, tokenizer = grammar(tiny_loaded)
+    answer = tokenizer.encode('{"a":12}')  # {  "  a  "  :  1  2  }
+    other = tokenizer.encode('{"b":12}')  # what the model chose instead of the drafted a
+    assert other[:2] == answer[:2] and other[2] != answer[2]
+    either = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    for took, fails in ((1, False), (2, True)):
+        poisoned: Any = _Poisoned(
+            grammars.matcher(json_constraint(either, strict=True, param="p")), answer[2]
+        )
+        proc = ConstraintProcessor(poisoned, metal=False)
+        row = SimpleNamespace(matcher=proc, error=None, request=SimpleNamespace(fault=None))
+        prompt = [5, 6]
+        proc(mx.array(prompt), mx.zeros((1, 512)))
+        batch = _Batch([[guard_processor(row, proc)]], [prompt])
+        walk = Walk(batch, [answer[0]], [answer[1:4]], [row])  # type: ignore[arg-type]
+        walk.process(mx.zeros((1, 4, 512)))
+        assert isinstance(row.error, GrammarFailure) and walk.failed_at == {0: 2}
+        walk.settle(0, took)
+        if fails:  # the failing mask was needed: a plain step fails there too
+            assert isinstance(row.error, GrammarFailure)
+            continue
+        assert row.error is None and not proc.matcher.is_error()
+        # As after a plain step that emitted { and " then chose b: the grammar goes on.
+        out = proc(mx.array([*prompt, *other[:3]]), mx.zeros((1, 512)))
+        replayed: Any = proc.matcher
+        assert proc._seen == 3 and replayed.real.validate_tokens(other[3:]) == 5
+        assert mx.isfinite(out).any().item()

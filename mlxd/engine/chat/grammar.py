@@ -234,6 +234,20 @@ class ConstraintProcessor:
         """Masks for the next calls, computed ahead; ``[]`` drops any left."""
         self._ready = list(masks)
 
+    def replay(self, mark: tuple[Any, ...], matcher: LLMatcher, tokens: Sequence[int]) -> None:
+        """Back to ``mark`` with ``matcher`` (a copy taken there), then ``tokens`` fed
+        one call at a time, each call's mask computed: raises where those calls would."""
+        self.matcher = matcher
+        active, tail, self._seen, self._fed = mark
+        self.active, self._tail, self._ready = active, list(tail), []
+        for token in tokens:
+            self._seen += 1
+            self._consume([token])
+            if self.active:
+                self.matcher.compute_bitmask()
+                if self.matcher.is_error():
+                    raise GrammarFailure(self.matcher.get_error(), generated=self._seen)
+
     def mark(self) -> tuple[Any, ...]:
         """The processor's state now, for :meth:`rewind`."""
         return (self.active, tuple(self._tail), self._seen, self._fed)

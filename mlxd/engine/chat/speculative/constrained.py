@@ -20,6 +20,11 @@ before any end-of-sequence token (a matcher that consumed one has stopped and
 does not count it among the tokens it can roll back), so no position is
 spent on a draft the row could never accept.
 
+A grammar that fails (one of llguidance's limits: final, the matcher cannot
+roll back) at a drafted position its row did not accept does not fail the
+row; it restarts from a copy of its matcher taken before the step and replays
+the accepted tokens (:meth:`Walk._recover`).
+
 Not speculating (their rows run at depth 0 in the verify step): rows with a
 test-only fault processor (it counts its calls), and rows the lane does not
 know (no row to read the processor's state from).
@@ -35,6 +40,8 @@ import numpy as np
 from llguidance import LLExecutor
 from llguidance.numpy import fill_next_token_bitmask_par_with_draft_tokens
 from mlx_lm.generate import GenerationBatch
+
+from mlxd.engine.chat.grammar import GrammarFailure
 
 
 def may_speculate(batch: GenerationBatch, i: int, row: Any) -> bool:
@@ -78,9 +85,13 @@ class Walk:
         self.batch = batch
         self.pending = pending
         self.drafts = drafts
-        self.rows = rows or [None] * len(drafts)
+        self.rows: list[Any] = rows or [None] * len(drafts)
         # Per row index: the stateful processor's mark after each position.
         self.marks: dict[int, list[Any]] = {}
+        # Per grammar row: its grammar's mark and a copy of its matcher before the
+        # step, and the position whose call failed the row (if one did).
+        self.backups: dict[int, tuple[Any, Any]] = {}
+        self.failed_at: dict[int, int] = {}
 
     def process(self, logits: mx.array) -> tuple[mx.array, list[mx.array]]:
         """``logits`` ``(rows, width, vocab)`` after each row's processors, position by position.
@@ -93,6 +104,11 @@ class Walk:
         if not any(every):
             return logits, []
         mx.async_eval(logits)  # the forward runs while the processors (CPU) do their part
+        for e, draft in enumerate(self.drafts):
+            row = self.rows[e]
+            grammar = _grammar(row) if draft else None
+            if grammar is not None and row.error is None:
+                self.backups[e] = (grammar.mark(), grammar.matcher.deep_copy())
         ahead = self._prefetch()
         out: list[mx.array] = []
         contexts: list[mx.array] = []
@@ -118,21 +134,24 @@ class Walk:
         """
         jobs = []
         for e, draft in enumerate(self.drafts):
-            grammar = _grammar(self.rows[e]) if draft else None
+            grammar = _grammar(self.rows[e]) if e in self.backups else None
             if grammar is not None and grammar.active and grammar.words:
-                jobs.append((grammar, [self.pending[e], *draft]))
+                jobs.append((e, grammar, [self.pending[e], *draft]))
         if not jobs:
             return []
-        masks = np.full((sum(len(t) + 1 for _, t in jobs), jobs[0][0].words), -1, np.int32)
+        masks = np.full((sum(len(t) + 1 for _, _, t in jobs), jobs[0][1].words), -1, np.int32)
         at, where = 0, []
-        for grammar, tokens in jobs:
+        for _, grammar, tokens in jobs:
             where.append((grammar.matcher, at, tokens))
             at += len(tokens) + 1
         fill_next_token_bitmask_par_with_draft_tokens(_executor(), where, masks)
-        for (grammar, tokens), (_, start, _) in zip(jobs, where, strict=True):
+        for (e, grammar, tokens), (matcher, start, _) in zip(jobs, where, strict=True):
+            if matcher.is_error():  # a drafted position hit a limit: this row goes call by call
+                grammar.matcher = self.backups[e][1].deep_copy()
+                continue
             # ``start`` holds the mask before the pending token, which its last step used.
             grammar.prefetch([masks[start + 1 + j].tobytes() for j in range(len(tokens))])
-        return [grammar for grammar, _ in jobs]
+        return [grammar for _, grammar, _ in jobs]
 
     def _row(
         self,
@@ -142,7 +161,7 @@ class Walk:
         logits: mx.array,
     ) -> mx.array:
         draft = self.drafts[e]
-        row = self.rows[e]
+        row: Any = self.rows[e]
         stateful = row.matcher if row is not None and draft else None
         marks: list[Any] = []
         positions: list[mx.array] = []
@@ -154,6 +173,8 @@ class Walk:
             for processor in processors:
                 x = processor(tokens, x)
             positions.append(x)
+            if e in self.backups and e not in self.failed_at and getattr(row, "error", None):
+                self.failed_at[e] = j
             if stateful is not None:
                 marks.append(stateful.mark())
         if stateful is not None:
@@ -173,11 +194,28 @@ class Walk:
             batch._token_context[e].update_and_fetch(mx.array(draft[:took]))
         marks = self.marks.get(e)
         row = self.rows[e]
+        if took < self.failed_at.get(e, -1) and isinstance(row.error, GrammarFailure):
+            self._recover(e, took)
+            return
         if marks and took < len(draft) and row is not None and row.error is None:
             try:
                 row.matcher.rewind(marks[took])
             except Exception as exc:  # the row fails alone, as its processor would
                 row.error = exc
+
+    def _recover(self, e: int, took: int) -> None:
+        """Row ``e``'s grammar failed at a drafted position it did not accept: a plain
+        step never computes that mask, so the row goes on. Its grammar restarts from
+        the copy taken before the step and replays the accepted tokens."""
+        row = self.rows[e]
+        mark, matcher = self.backups[e]
+        row.error = None
+        try:
+            _grammar(row).replay(mark, matcher, [self.pending[e], *self.drafts[e][:took]])
+            if row.matcher is not _grammar(row):  # a thinking budget around it
+                row.matcher.rewind(self.marks[e][took])
+        except Exception as exc:  # the row fails alone, as its processor would
+            row.error = exc
 
 
 def _grammar(row: Any) -> Any:
