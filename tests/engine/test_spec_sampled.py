@@ -45,6 +45,8 @@ def emitted(s: SamplingParams, x: int) -> list[float]:
     [
         (SamplingParams(temperature=1.0), P),
         (SamplingParams(temperature=1.0, top_k=2), [0.625, 0.375, 0, 0]),
+        (SamplingParams(temperature=1.0, top_p=0.7), [0.625, 0.375, 0, 0]),
+        (SamplingParams(temperature=1.0, min_p=0.5), [0.625, 0.375, 0, 0]),
         (SamplingParams(temperature=0.5), [v / sum(q**2 for q in P) for v in (q**2 for q in P)]),
     ],
 )
