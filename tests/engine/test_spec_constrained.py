@@ -107,6 +107,39 @@ def test_grammar_penalty_and_logprobs_rows_speculate_with_output_unchanged(
             assert all(abs(x.logprob - y.logprob) < 1e-3 for x, y in zip(a.top, b.top, strict=True))
 
 
+def test_real_prompt_lookup_drafts_a_tool_call_the_prompt_holds_and_output_is_unchanged():
+    """No oracle: the prompt holds the call the row will make, prompt lookup finds it."""
+    model_dir = tiny_model_dir("llama", template="hermes")
+    tokenizer = load_tokenizer(model_dir)
+    tools = tool_constraint(
+        [{**TOOL, "strict": False}], tool_format="json_tools", parallel=False, param="p"
+    )
+    (first,), _ = run_waves(
+        model_dir, [[token_request("t", tokenizer.encode("Copy:"), 40, constraint=tools)]], "off"
+    )
+    call = first[0].text
+    copy = tokenizer.encode(f"Copy: {call}\n{call}")
+
+    def waves(tag: str):
+        json_row = json_constraint(SCHEMA, strict=True, param="p")
+        four = [
+            token_request(f"{tag}0", copy, 40, constraint=tools),
+            token_request(f"{tag}1", tokenizer.encode(TEXTS[1]), MAX_TOKENS, constraint=json_row),
+            token_request(f"{tag}2", tokenizer.encode(TEXTS[2]), MAX_TOKENS, logprobs=True),
+            token_request(
+                f"{tag}3", copy, MAX_TOKENS, penalties=PenaltyParams(repetition_penalty=1.3)
+            ),
+        ]
+        return [[token_request(f"{tag}s", copy, 40, constraint=tools)], four]
+
+    off, _ = run_waves(model_dir, waves("off"), "off")
+    on, counters = run_waves(model_dir, waves("on"), "prompt_lookup", **WIDE)
+    assert "<tool_call>" in call
+    assert [[o.tokens for o in wave] for wave in on] == [[o.tokens for o in wave] for wave in off]
+    solo, four = (c["spec_accepted_tokens"] for c in counters)
+    assert 0 < solo < four, (solo, four)
+
+
 def test_a_grammar_row_that_thinks_first_speculates_across_its_think_end(monkeypatch):
     """A thinking budget forces ``</think>``, then the grammar starts: drafts cross both."""
     model_dir = tiny_model_dir("llama", template="hermes_think")
