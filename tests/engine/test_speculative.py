@@ -127,7 +127,7 @@ def test_a_json_schema_row_a_logprobs_row_and_a_sampled_row_beside_a_speculating
     reqs[2] = token_request(
         "j2", tokenizer.encode(TEXTS[2]), MAX_TOKENS, logprobs=True, top_logprobs=3
     )
-    sampled = SamplingParams(temperature=0.8, top_p=0.9)  # depth 0, its own sampler
+    sampled = SamplingParams(temperature=0.8, top_p=0.9)  # rejection sampling (test_spec_sampled)
     reqs[3] = token_request("j3", tokenizer.encode(TEXTS[3]), MAX_TOKENS, sampling=sampled)
     off, _ = run(model_dir, reqs, "off")
     oracle(

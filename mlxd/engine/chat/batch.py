@@ -121,6 +121,8 @@ class BatchLane:
         """Apply ``[speculative]`` live (mode "off" steps exactly as without it)."""
         if self.speculator is None:
             self.speculator = Speculator(settings, self._loaded.draft)
+            self.speculator.rows = self.rows
+            self.speculator.eos = frozenset(self._loaded.tokenizer.eos_token_ids)
             self.speculator.install(self._gen)
         else:
             self.speculator.configure(settings)

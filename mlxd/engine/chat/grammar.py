@@ -172,6 +172,7 @@ class ConstraintProcessor:
         think_end: Sequence[int] | None = None,
         reasoning: bool = False,
         metal: bool | None = None,
+        vocab: int | None = None,
     ):
         self.matcher = matcher
         self._think_end = tuple(think_end or ())
@@ -179,6 +180,12 @@ class ConstraintProcessor:
         self._base: int | None = None
         self._seen = 0
         self._tail: list[int] = []
+        # Tokens the matcher consumed (what a rewind rolls back).
+        self._fed = 0
+        # Masks computed ahead for the next calls (a verify step's draft), and
+        # a mask's width in 32-bit words for llguidance's executor (0: unknown).
+        self._ready: list[bytes] = []
+        self.words = (vocab + 31) // 32 if vocab else 0
         self._metal = mx.metal.is_available() if metal is None else metal
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
@@ -190,7 +197,7 @@ class ConstraintProcessor:
             self._consume(new)
         if not self.active:
             return logits
-        bitmask = self.matcher.compute_bitmask()
+        bitmask = self._ready.pop(0) if self._ready else self.matcher.compute_bitmask()
         if self.matcher.is_error():
             raise GrammarFailure(self.matcher.get_error(), generated=self._seen)
         return apply_mask(logits, bitmask, metal=self._metal)
@@ -207,3 +214,49 @@ class ConstraintProcessor:
                     f"token {token} was refused: {self.matcher.get_error()}",
                     generated=self._seen,
                 )
+            self._fed += 1
+
+    # Speculative decoding (mlxd.engine.chat.speculative.constrained): a verify
+    # step calls the processor once per drafted position, then rewinds it to
+    # the state after the tokens the row accepted.
+
+    def allowed(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` (the next ones this processor will see) the grammar allows."""
+        active, tail = self.active, list(self._tail)
+        for at, token in enumerate(tokens):
+            if active:
+                return at + self.matcher.validate_tokens(list(tokens[at:]))
+            tail = [*tail, token][-len(self._think_end) :]
+            active = tuple(tail) == self._think_end
+        return len(tokens)
+
+    def prefetch(self, masks: list[bytes]) -> None:
+        """Masks for the next calls, computed ahead; ``[]`` drops any left."""
+        self._ready = list(masks)
+
+    def replay(self, mark: tuple[Any, ...], matcher: LLMatcher, tokens: Sequence[int]) -> None:
+        """Back to ``mark`` with ``matcher`` (a copy taken there), then ``tokens`` fed
+        one call at a time, each call's mask computed: raises where those calls would."""
+        self.matcher = matcher
+        active, tail, self._seen, self._fed = mark
+        self.active, self._tail, self._ready = active, list(tail), []
+        for token in tokens:
+            self._seen += 1
+            self._consume([token])
+            if self.active:
+                self.matcher.compute_bitmask()
+                if self.matcher.is_error():
+                    raise GrammarFailure(self.matcher.get_error(), generated=self._seen)
+
+    def mark(self) -> tuple[Any, ...]:
+        """The processor's state now, for :meth:`rewind`."""
+        return (self.active, tuple(self._tail), self._seen, self._fed)
+
+    def rewind(self, mark: tuple[Any, ...]) -> None:
+        """Back to ``mark``: the matcher rolls back the tokens it consumed since."""
+        active, tail, seen, fed = mark
+        if self._fed > fed and not self.matcher.rollback(self._fed - fed):
+            raise GrammarFailure(
+                f"rollback failed: {self.matcher.get_error()}", generated=self._seen
+            )
+        self.active, self._tail, self._seen, self._fed = active, list(tail), seen, fed

@@ -345,4 +345,9 @@ def constraint_processor(loaded: LoadedModel, constraint: Constraint, phase: str
         return Failed("invalid_schema", f"The grammar cannot be compiled: {exc}", 400)
     tok = loaded.tokenizer
     think_end = tok.think_end_tokens if getattr(tok, "has_thinking", False) else None
-    return ConstraintProcessor(matcher, think_end=think_end, reasoning=phase == "reasoning")
+    return ConstraintProcessor(
+        matcher,
+        think_end=think_end,
+        reasoning=phase == "reasoning",
+        vocab=loaded.grammars.tokenizer.vocab_size,
+    )

@@ -69,6 +69,23 @@ class ReasoningBudget:
             return _only(logits, self._forced[0])
         return logits
 
+    # Speculative decoding: the same three calls as the grammar processor's.
+
+    def allowed(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` the inner grammar allows (all of them without one)."""
+        return self.inner.allowed(tokens) if self.inner is not None else len(tokens)
+
+    def mark(self) -> tuple[Any, ...]:
+        inner = self.inner.mark() if self.inner is not None else None
+        state = (self.state, self.spent, tuple(self._tail), tuple(self._forced), self._seen)
+        return (*state, inner)
+
+    def rewind(self, mark: tuple[Any, ...]) -> None:
+        self.state, self.spent, tail, forced, self._seen, inner = mark
+        self._tail, self._forced = list(tail), list(forced)
+        if self.inner is not None:
+            self.inner.rewind(inner)
+
     def _consume(self, token: int) -> None:
         if self.state == "done":
             return

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 
 from mlxd.config import SpeculativeSettings
+from mlxd.engine.chat.speculative.constrained import cut, may_speculate
 from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel
 from mlxd.engine.chat.speculative.lookup import NgramIndex
 from mlxd.engine.chat.speculative.mtp import MtpDrafter
 from mlxd.engine.chat.speculative.mtp_head import MtpHead
+from mlxd.engine.chat.speculative.rejection import samples
 from mlxd.engine.chat.speculative.verify import (
     greedy_rows,
     pending_tokens,
@@ -57,6 +60,10 @@ class Speculator:
         # Rows of the last step when it was a plain one (0: it was not).
         self._plain_rows = 0
         self._indexes: dict[int, NgramIndex] = {}
+        # The lane's rows by uid and the model's end-of-sequence ids (set by the lane):
+        # rows with logits processors speculate through them (.constrained).
+        self.rows: Mapping[int, Any] = {}
+        self.eos: frozenset[int] = frozenset()
         # mode = "draft": the draft model loaded with the target (None: nothing to draft with).
         self._drafter = Drafter(draft) if isinstance(draft, DraftModel) else None
         # mode = "mtp": the target's MTP head, loaded with it (mlxd.engine.chat.speculative.mtp).
@@ -94,8 +101,14 @@ class Speculator:
         if settings.mode == "off" or not batch.uids or not verifiable(batch):
             self.depth = 0
             return plain()
-        rows = greedy_rows(batch)
         width = len(batch.uids)
+        lane = [self.rows.get(uid) for uid in batch.uids]
+        greedy = set(greedy_rows(batch, every=True))
+        rows = [
+            i
+            for i in range(width)
+            if (i in greedy or samples(lane[i])) and may_speculate(batch, i, lane[i])
+        ]
         self.depth = depth = choose_depth(
             width,
             settings.max_draft_tokens,
@@ -114,9 +127,8 @@ class Speculator:
             room = batch.max_tokens[i] - batch._num_tokens[i] - 1
             if room > 0:
                 asked = True
-                drafts[i] = self._draft(
-                    batch.uids[i], batch.tokens[i], pending[i], min(depth, room)
-                )
+                draft = self._draft(batch.uids[i], batch.tokens[i], pending[i], min(depth, room))
+                drafts[i] = cut(lane[i], self.eos, pending[i], draft)
         self._forget(batch.uids)
         mtp = self._mtp if settings.mode == "mtp" else None
         # MTP rows draft from the hidden state a verify step keeps: get it when none has one.
@@ -125,7 +137,7 @@ class Speculator:
             return self._plain(width, plain)
         uids = list(batch.uids)
         forward = mtp.forward if mtp is not None else None
-        responses, verified = verify(batch, pending, drafts, forward)
+        responses, verified = verify(batch, pending, drafts, forward, lane)
         if mtp is not None:
             mtp.observe(batch, uids, drafts, verified.accepted)
         if any(drafts):

@@ -5,9 +5,11 @@ yet in the cache) and samples the next. This step feeds each row's pending
 token followed by its draft, right-padded to the widest row, and reads the
 model's choice at every position: a greedy row keeps its draft up to the
 first token the model would not have chosen, plus the model's own token
-after it, which becomes its new pending token. Rows without a draft (or not
+after it, which becomes its new pending token (a sampled row: rejection
+sampling, :mod:`.rejection`). Rows without a draft (or not
 allowed one) take position 0 exactly as the plain step does: their logits
-processors and sampler, their own random state.
+processors and sampler, their own random state. A row's logits processors
+run at each of its drafted positions (:mod:`.constrained`).
 
 Each row then drops the positions it did not keep, in every layer cache
 (:mod:`.rollback`: trim and the right-padding roll for attention, the
@@ -29,6 +31,9 @@ from mlx_lm.generate import GenerationBatch
 
 from mlxd.engine.chat.speculative.rollback import begin, can_roll_back
 
+from mlxd.engine.chat.speculative.constrained import Walk
+from mlxd.engine.chat.speculative.rejection import Rejection
+
 
 @dataclass
 class Verified:
@@ -45,14 +50,15 @@ def verifiable(batch: GenerationBatch) -> bool:
     return can_roll_back(batch.model, batch.prompt_cache)
 
 
-def greedy_rows(batch: GenerationBatch) -> list[int]:
-    """Rows that may speculate: the shared greedy sampler and no logits processor."""
+def greedy_rows(batch: GenerationBatch, *, every: bool = False) -> list[int]:
+    """Rows that may speculate: the shared greedy sampler and no logits processor
+    (``every``: with or without processors; :mod:`.constrained` decides those)."""
     processors = batch.logits_processors or [()] * len(batch.uids)
     samplers = batch.samplers or [batch.fallback_sampler] * len(batch.uids)
     return [
         i
         for i in range(len(batch.uids))
-        if not processors[i] and samplers[i] is batch.fallback_sampler
+        if (every or not processors[i]) and samplers[i] is batch.fallback_sampler
     ]
 
 
@@ -69,6 +75,7 @@ def verify(
     pending: list[int],
     drafts: list[list[int]],
     forward: Callable[..., mx.array] | None = None,
+    lane_rows: list[Any] | None = None,
 ) -> tuple[list[GenerationBatch.Response], Verified]:
     """Feed every row's pending token and draft; keep what each row accepts.
 
@@ -77,7 +84,8 @@ def verify(
 
     Returns the responses mlx-lm's ``GenerationBatch.next`` would give, one
     per emitted token (several per row when drafts are accepted), and what
-    was drafted and accepted per row.
+    was drafted and accepted per row. ``lane_rows`` (the lane's row per batch
+    index) lets rows with logits processors keep a draft (:mod:`.constrained`).
     """
     n = len(batch.uids)
     uids = list(batch.uids)
@@ -87,7 +95,9 @@ def verify(
     with begin(batch.model, batch.prompt_cache, width) as step:
         logits = model(mx.array(rows, dtype=mx.uint32), cache=batch.prompt_cache)
 
-    first, context = _processed(batch, logits[:, 0, :], pending)
+    walk = Walk(batch, pending, drafts, lane_rows)
+    logits, context = walk.process(logits)
+    first = logits[:, 0, :]
     first_lp = first - mx.logsumexp(first, axis=-1, keepdims=True)
     sampled = mx.concatenate(
         [
@@ -102,7 +112,9 @@ def verify(
         choices = mx.argmax(later_lp, axis=-1)
     else:  # no row drafted (an MTP step that only keeps hidden states)
         later_lp, choices = later, mx.zeros((n, 0), dtype=mx.uint32)
-    mx.eval(sampled, first_lp, later_lp, choices, context)
+    rejection = Rejection(batch, drafts, lane_rows)
+    tests = rejection.prepare(first_lp, later_lp)
+    mx.eval(sampled, first_lp, later_lp, choices, context, tests)
     sampled_list = cast("list[int]", sampled.tolist())
     choice_rows = cast("list[list[int]]", choices.tolist())
 
@@ -116,11 +128,12 @@ def verify(
     accepted: list[int] = []
     for i in range(n):
         draft = drafts[i]
-        model_says = [sampled_list[i], *choice_rows[i]]
+        model_says = rejection.says(i) or [sampled_list[i], *choice_rows[i]]
         took = 0
         while took < len(draft) and draft[took] == model_says[took]:
             took += 1
         accepted.append(took)
+        walk.settle(i, took)
         emitted = [pending[i], *draft[:took]]
         logprobs = [previous_lp[i]] + [
             first_lp[i] if j == 0 else later_lp[i, j - 1] for j in range(took)
@@ -157,24 +170,3 @@ def verify(
     if len(keep) < n:
         batch.filter(keep)
     return responses, Verified(uids, [len(d) for d in drafts], accepted, width)
-
-
-def _processed(
-    batch: GenerationBatch, logits: mx.array, pending: list[int]
-) -> tuple[mx.array, list[mx.array]]:
-    """Position 0's logits after each row's processors, as the plain step applies them."""
-    every = batch.logits_processors or []
-    if not any(every):
-        return logits, []
-    out = []
-    context = []
-    for e in range(len(batch.uids)):
-        row = logits[e : e + 1]
-        processors = every[e] or ()
-        if processors:
-            tokens = batch._token_context[e].update_and_fetch(mx.array([pending[e]]))
-            context.append(tokens)
-            for processor in processors:
-                row = processor(tokens, row)
-        out.append(row)
-    return mx.concatenate(out, axis=0), context
