@@ -58,7 +58,8 @@ class ModelEntry(ModelSettings):
         "swap",
         'What the model serves: "chat" (chat, completions, responses, messages), '
         '"embedding" (/v1/embeddings), "rerank" (/v1/rerank), "transcription" '
-        "(/v1/audio/transcriptions and /translations, a Whisper or Parakeet model through mlx-audio) "
+        "(/v1/audio/transcriptions and /translations, a Whisper or Parakeet model through "
+        "mlx-audio) "
         'or "speech" (/v1/audio/speech, a text-to-speech model through mlx-audio).',
     )
     default: bool = _field(

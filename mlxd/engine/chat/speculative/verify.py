@@ -24,15 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
-from mlxd.engine.chat.speculative.rollback import begin, can_roll_back
-
 from mlxd.engine.chat.speculative.constrained import Walk
 from mlxd.engine.chat.speculative.rejection import Rejection
+from mlxd.engine.chat.speculative.rollback import begin, can_roll_back
 
 
 @dataclass
