@@ -50,17 +50,17 @@ from servebench.processes import Server, blas_env, free_port, resolve_model  # n
 
 logger = logging.getLogger("bench")
 
-PARAGRAPHS = [
-    "The harbour wakes before the town does. Gulls argue over the nets, a kettle rattles "
-    "in the harbourmaster's hut, and the first boat slides out past the breakwater with "
-    "its lamp still lit, while the baker two streets up pulls the first loaves from the oven.",
-    "def merge(left, right):\n    out = []\n    i = j = 0\n    while i < len(left) and j < "
-    "len(right):\n        if left[i] <= right[j]:\n            out.append(left[i])\n"
-    "            i += 1\n        else:\n            out.append(right[j])\n            j += 1\n"
-    "    return out + left[i:] + right[j:]\n",
+PARAGRAPHS = [  # texts the demo model copies (nearly) exactly, longest first
+    '[{"id": 1, "title": "Buy milk", "done": false}, {"id": 2, "title": "Call the plumber", '
+    '"done": true}, {"id": 3, "title": "Water the plants", "done": false}, {"id": 4, "title": '
+    '"Pay the gas bill", "done": true}, {"id": 5, "title": "Book the dentist", "done": false}, '
+    '{"id": 6, "title": "Return the library books", "done": false}]',
     "Water boils at one hundred degrees Celsius at sea level, but at lower temperatures on "
     "a mountain, because the air pressure is lower there. Cooks at high altitude add time "
-    "to recipes that boil, and pressure cookers raise the boiling point again.",
+    "to recipes that boil, and pressure cookers raise the boiling point again. Salt raises "
+    "the boiling point a little, but far less than most cooks believe.",
+    '{"name": "garden-sensor", "version": "1.4.2", "battery": 0.82, "readings": [{"kind": '
+    '"soil", "value": 31.5}, {"kind": "air", "value": 18.2}, {"kind": "light", "value": 640}]}',
     '{"name": "garden-sensor", "version": "1.4.2", "readings": [{"kind": "soil", "value": '
     '31.5, "unit": "percent"}, {"kind": "air", "value": 18.2, "unit": "celsius"}], '
     '"battery": 0.82, "last_seen": "2026-03-01T06:30:00Z"}',

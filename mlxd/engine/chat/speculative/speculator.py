@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 
 from mlxd.config import SpeculativeSettings
@@ -27,7 +28,12 @@ from mlxd.engine.chat.speculative.verify import (
     verifiable,
     verify,
 )
-from mlxd.engine.policy.spec_depth import Acceptance, StepCosts, choose_depth
+from mlxd.engine.policy.spec_depth import (
+    Acceptance,
+    StepCosts,
+    choose_depth,
+    default_saturation,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,8 @@ class Speculator:
         self._indexes: dict[int, NgramIndex] = {}
         # mode = "draft": the draft model loaded with the target (None: nothing to draft with).
         self._drafter = Drafter(draft) if draft is not None else None
+        # The cost model's prior when the config leaves saturation_tokens unset.
+        self._saturation = default_saturation(mx.default_device().type == mx.DeviceType.gpu)
 
     def configure(self, settings: SpeculativeSettings) -> None:
         """New settings, live; the n-gram indexes are rebuilt when their lengths change."""
@@ -94,7 +102,7 @@ class Speculator:
             width,
             settings.max_draft_tokens,
             self.acceptance.rate,
-            settings.saturation_tokens,
+            settings.saturation_tokens or self._saturation,
             self.costs,
         )
         if not rows or depth == 0:
