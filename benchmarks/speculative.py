@@ -302,6 +302,7 @@ def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the depth sampler's requests
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-spec-") as tmp:
         workdir = Path(tmp)
