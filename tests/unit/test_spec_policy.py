@@ -116,17 +116,23 @@ def test_a_predicted_depth_must_beat_plain_by_the_margin_a_measured_one_need_not
     assert choose_depth(32, 1, 0.5, 64, costs) == 1
 
 
-def test_a_line_fitted_to_plain_steps_is_steeper_than_a_gpu_prior_on_a_cpu():
+def test_a_verify_step_dearer_than_the_prior_said_makes_deeper_ones_dearer_too():
     costs = StepCosts()
-    assert costs.line() is None
-    costs.record(1, 1, 0.075)
-    assert costs.line() is None  # one row count: no slope yet
-    costs.record(16, 1, 0.148)
-    a, b = costs.line() or (0, 0)
-    assert a == pytest.approx(0.0701, abs=1e-3) and b == pytest.approx(0.00487, abs=1e-4)
-    assert costs.predicted(16, 2) == pytest.approx((a + 32 * b) / (a + 16 * b))
-    assert choose_depth(16, 4, 0.7, SATURATION_GPU) > 0  # the prior alone would draft
-    assert choose_depth(16, 4, 0.7, SATURATION_GPU, costs) == 0
+    costs.record(8, 1, 0.100)
+    assert choose_depth(8, 4, 0.9, SATURATION_CPU, costs) == 1  # the prior: depth 3, explored
+    costs.record(8, 2, 0.200)  # depth 1 cost 2x a plain step where the prior said 1.05 * 1.5
+    assert costs.calibration(8, SATURATION_CPU) == pytest.approx(2.0 / step_cost(8, 1, 8))
+    assert choose_depth(8, 4, 0.9, SATURATION_CPU, costs) == 0
+    assert costs.calibration(4, SATURATION_CPU) == 1.0  # other widths keep the prior
+
+
+def test_rows_that_always_speculated_want_a_plain_step_to_compare_with():
+    costs = StepCosts()
+    assert not costs.wants_plain(1)
+    costs.record(1, 3, 0.1)
+    assert costs.wants_plain(1) and not costs.wants_plain(2)
+    costs.record(1, 1, 0.08)
+    assert not costs.wants_plain(1)
 
 
 def test_exploration_goes_one_deeper_per_measured_width():

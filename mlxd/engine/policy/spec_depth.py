@@ -19,13 +19,13 @@ when nothing is drafted, so a batch that stopped speculating tries again.
 
 The step times are measured too (:class:`StepCosts`, by rows and tokens per
 row). A verify step's measured ratio to a plain step of the same rows is
-the cost at that width. Where there is none, the cost is predicted,
-conservatively: the larger of the prior and a straight line fitted to the
-plain steps' times by rows (a machine slower per extra token than the prior
-says draws a steeper line), and a predicted depth must beat plain decoding
-by ``MARGIN``, and may be at most one deeper than the deepest measured at
-these rows, so a wrong prior costs a few shallow steps, never a wide batch's
-worth of deep ones.
+the cost at that width (rows that have always speculated take plain steps
+until one is timed: :meth:`StepCosts.wants_plain`). Where nothing is
+measured, the prior predicts, scaled up by how much more than it said this batch width's
+measured verify steps cost (never down); a predicted depth must beat plain
+decoding by ``MARGIN`` and may be at most one deeper than the deepest
+measured at these rows, so a wrong prior costs a few shallow steps, never a
+wide batch's worth of deep ones.
 
 Pure: no MLX, no I/O (tests/unit/test_spec_policy.py).
 """
@@ -78,19 +78,18 @@ def choose_depth(
     """
     if rows <= 0 or max_depth <= 0:
         return 0
-    explored = measured.deepest(rows) if measured is not None else max_depth
+    costs = measured or StepCosts()
+    explored = costs.deepest(rows) if measured is not None else max_depth
+    scale = costs.calibration(rows, saturation)
     best, best_gain = 0, 1.0
     for depth in range(1, max_depth + 1):
-        ratio = measured.ratio(rows, 1 + depth) if measured is not None else None
-        if ratio is not None:
-            cost, need = ratio, 1.0
+        exact = costs.ratio(rows, 1 + depth)
+        if exact is not None:
+            cost, need = exact, 1.0
         elif depth > explored + 1:
             break
         else:
-            cost, need = step_cost(rows, depth, saturation), 1.0 + MARGIN
-            line = measured.predicted(rows, 1 + depth) if measured is not None else None
-            if line is not None:
-                cost = max(cost, line * (1 + OVERHEAD))
+            cost, need = step_cost(rows, depth, saturation) * scale, 1.0 + MARGIN
         gain = expected_tokens(depth, acceptance) / cost
         if gain > need + 1e-9 and gain > best_gain + 1e-9:
             best, best_gain = depth, gain
@@ -141,26 +140,15 @@ class StepCosts:
         """The deepest verify step measured at ``rows`` rows (0: none)."""
         return max((w - 1 for r, w in self.seconds if r == rows), default=0)
 
-    def line(self) -> tuple[float, float] | None:
-        """A plain step's seconds as ``a + b * rows``, fitted to the plain steps measured.
+    def wants_plain(self, rows: int) -> bool:
+        """Whether ``rows`` rows have verify steps measured but no plain step to compare."""
+        return (rows, 1) not in self.seconds and self.deepest(rows) > 0
 
-        None until two row counts are measured; the slope is never below 0.
-        """
-        points = [(r, s) for (r, w), s in self.seconds.items() if w == 1]
-        if len({r for r, _ in points}) < 2:
-            return None
-        n = len(points)
-        mean_r = sum(r for r, _ in points) / n
-        mean_s = sum(s for _, s in points) / n
-        var = sum((r - mean_r) ** 2 for r, _ in points)
-        slope = max(0.0, sum((r - mean_r) * (s - mean_s) for r, s in points) / var)
-        intercept = mean_s - slope * mean_r
-        return (intercept, slope) if intercept > 0 else None
-
-    def predicted(self, rows: int, width: int) -> float | None:
-        """The fitted line's ratio of a ``rows * width``-token forward to a ``rows``-token one."""
-        line = self.line()
-        if line is None:
-            return None
-        a, b = line
-        return (a + b * rows * width) / (a + b * rows)
+    def calibration(self, rows: int, saturation: int) -> float:
+        """How much more than the prior this many rows' verify steps cost (at least 1)."""
+        worst = 1.0
+        for r, w in self.seconds:
+            ratio = self.ratio(r, w) if r == rows and w > 1 else None
+            if ratio is not None:
+                worst = max(worst, ratio / step_cost(rows, w - 1, saturation))
+        return worst

@@ -105,6 +105,8 @@ class Speculator:
             settings.saturation_tokens or self._saturation,
             self.costs,
         )
+        if depth and self.costs.wants_plain(width):
+            depth = self.depth = 0  # time a plain step at this width to compare verify steps with
         if not rows or depth == 0:
             self.acceptance.record(0, 0)
             return self._plain(width, plain)
