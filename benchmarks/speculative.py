@@ -158,11 +158,12 @@ async def stream(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, A
 
 
 async def depths(client: httpx.AsyncClient, seen: dict[int, int]) -> None:
-    """Sample ``/stats`` ``batch.spec_depth`` (the last step's depth) until cancelled."""
+    """Sample ``/stats`` ``batch.spec_depth`` (the last step's depth) while a row decodes."""
     while True:
         stats = (await client.get("/stats")).json()
-        if stats["batch"].get("active_rows"):
-            depth = stats["batch"].get("spec_depth", 0)
+        batch = stats["batch"]
+        if batch.get("active_rows", 0) > batch.get("prefilling_rows", 0):  # some row decodes
+            depth = batch.get("spec_depth", 0)
             seen[depth] = seen.get(depth, 0) + 1
         await asyncio.sleep(0.25)
 
