@@ -19,8 +19,13 @@ mlx-lm's own speculative path side by side at C = 1 on the copy task:
 lookup; the draft is the target itself, so it shows the mechanics, not a
 gain), in a subprocess with the daemon's BLAS.
 
+Per speculative wave it also reports the accepted tokens per verify step and
+the depths the cost model chose (``/stats`` ``batch.spec_depth`` sampled
+every 0.25 s while rows run).
+
 Usage: ``python benchmarks/speculative.py [--model DIR|demo] [--concurrency 1,2,4,8,16]
-[--max-tokens 96] [--modes off,prompt_lookup] [--tasks copy,chat] [--mlx-lm]``.
+[--max-tokens N (default: copy 128, chat 96)] [--modes off,prompt_lookup]
+[--tasks copy,chat] [--mlx-lm]``.
 A Markdown table goes to stdout, JSON to ``--out``.
 """
 
@@ -31,6 +36,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import os
 import signal
 import statistics
 import subprocess
@@ -50,17 +56,17 @@ from servebench.processes import Server, blas_env, free_port, resolve_model  # n
 
 logger = logging.getLogger("bench")
 
-PARAGRAPHS = [
-    "The harbour wakes before the town does. Gulls argue over the nets, a kettle rattles "
-    "in the harbourmaster's hut, and the first boat slides out past the breakwater with "
-    "its lamp still lit, while the baker two streets up pulls the first loaves from the oven.",
-    "def merge(left, right):\n    out = []\n    i = j = 0\n    while i < len(left) and j < "
-    "len(right):\n        if left[i] <= right[j]:\n            out.append(left[i])\n"
-    "            i += 1\n        else:\n            out.append(right[j])\n            j += 1\n"
-    "    return out + left[i:] + right[j:]\n",
+PARAGRAPHS = [  # texts the demo model copies (nearly) exactly, longest first
+    '[{"id": 1, "title": "Buy milk", "done": false}, {"id": 2, "title": "Call the plumber", '
+    '"done": true}, {"id": 3, "title": "Water the plants", "done": false}, {"id": 4, "title": '
+    '"Pay the gas bill", "done": true}, {"id": 5, "title": "Book the dentist", "done": false}, '
+    '{"id": 6, "title": "Return the library books", "done": false}]',
     "Water boils at one hundred degrees Celsius at sea level, but at lower temperatures on "
     "a mountain, because the air pressure is lower there. Cooks at high altitude add time "
-    "to recipes that boil, and pressure cookers raise the boiling point again.",
+    "to recipes that boil, and pressure cookers raise the boiling point again. Salt raises "
+    "the boiling point a little, but far less than most cooks believe.",
+    '{"name": "garden-sensor", "version": "1.4.2", "battery": 0.82, "readings": [{"kind": '
+    '"soil", "value": 31.5}, {"kind": "air", "value": 18.2}, {"kind": "light", "value": 640}]}',
     '{"name": "garden-sensor", "version": "1.4.2", "readings": [{"kind": "soil", "value": '
     '31.5, "unit": "percent"}, {"kind": "air", "value": 18.2, "unit": "celsius"}], '
     '"battery": 0.82, "last_seen": "2026-03-01T06:30:00Z"}',
@@ -78,11 +84,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--demo-dtype", default="auto")
     p.add_argument("--blas", default="auto")
     p.add_argument("--concurrency", default="1,2,4,8,16")
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument(
+        "--max-tokens", type=int, default=None, help="per request (default: copy 128, chat 96)"
+    )
     p.add_argument("--modes", default="off,prompt_lookup")
     p.add_argument("--tasks", default="copy,chat")
     p.add_argument("--max-draft-tokens", type=int, default=4)
-    p.add_argument("--saturation-tokens", type=int, default=64)
+    p.add_argument(
+        "--saturation-tokens", type=int, default=None, help="default: unset (by backend)"
+    )
     p.add_argument("--draft-model", default=None, help='mode "draft": its directory')
     p.add_argument("--mlx-lm", action="store_true", help="mlx-lm's speculative path at C=1")
     p.add_argument("--quick", action="store_true", help="smoke test: C = 2, 16 tokens, no warm-up")
@@ -101,11 +111,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def config(args: argparse.Namespace, model_dir: str, mode: str) -> str:
     import tomli_w
 
-    spec: dict[str, Any] = {
-        "mode": mode,
-        "max_draft_tokens": args.max_draft_tokens,
-        "saturation_tokens": args.saturation_tokens,
-    }
+    spec: dict[str, Any] = {"mode": mode, "max_draft_tokens": args.max_draft_tokens}
+    if args.saturation_tokens is not None:
+        spec["saturation_tokens"] = args.saturation_tokens
     if mode == "draft":
         spec["draft_model"] = args.draft_model or model_dir
     return tomli_w.dumps(
@@ -119,6 +127,10 @@ def config(args: argparse.Namespace, model_dir: str, mode: str) -> str:
             "speculative": spec,
         }
     )
+
+
+def max_tokens_for(args: argparse.Namespace, task: str) -> int:
+    return args.max_tokens or (128 if task == "copy" else 96)
 
 
 def messages(task: str, i: int) -> list[dict[str, str]]:
@@ -145,24 +157,38 @@ async def stream(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, A
     return {"tokens": tokens, "tpot": tpot}
 
 
+async def depths(client: httpx.AsyncClient, seen: dict[int, int]) -> None:
+    """Sample ``/stats`` ``batch.spec_depth`` (the last step's depth) while a row decodes."""
+    while True:
+        stats = (await client.get("/stats")).json()
+        batch = stats["batch"]
+        if batch.get("active_rows", 0) > batch.get("prefilling_rows", 0):  # some row decodes
+            depth = batch.get("spec_depth", 0)
+            seen[depth] = seen.get(depth, 0) + 1
+        await asyncio.sleep(0.25)
+
+
 async def wave(
     url: str, args: argparse.Namespace, task: str, c: int, max_tokens: int | None = None
 ) -> dict[str, Any]:
+    seen: dict[int, int] = {}
     async with httpx.AsyncClient(base_url=url, timeout=900) as client:
         bodies = [
             {
                 "model": "bench",
                 "messages": messages(task, i),
-                "max_tokens": max_tokens or args.max_tokens,
+                "max_tokens": max_tokens or max_tokens_for(args, task),
                 "temperature": 0,
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
             for i in range(c)
         ]
+        sampler = asyncio.create_task(depths(client, seen))
         started = time.perf_counter()
         results = await asyncio.gather(*(stream(client, b) for b in bodies))
         wall = time.perf_counter() - started
+        sampler.cancel()
     tokens = sum(r["tokens"] for r in results)
     tpots = [r["tpot"] for r in results if r["tpot"] is not None]
     return {
@@ -170,6 +196,7 @@ async def wave(
         "wall_s": wall,
         "tps": tokens / wall,
         "tpot_ms": 1000 * statistics.median(tpots) if tpots else None,
+        "depths": dict(sorted(seen.items())),
     }
 
 
@@ -238,7 +265,7 @@ print(json.dumps(out))
 def run_mlx_lm(args: argparse.Namespace, model_dir: str, runtime: dict) -> dict[str, Any]:
     text = f"Copy this text exactly, word for word:\n\n{PARAGRAPHS[0]}"
     done = subprocess.run(
-        [sys.executable, "-c", MLX_LM, model_dir, str(args.max_tokens),
+        [sys.executable, "-c", MLX_LM, model_dir, str(max_tokens_for(args, "copy")),
          str(args.max_draft_tokens), text],
         capture_output=True, text=True, env=blas_env(runtime), check=False,
     )  # fmt: skip
@@ -250,7 +277,8 @@ def run_mlx_lm(args: argparse.Namespace, model_dir: str, runtime: dict) -> dict[
 def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     head = "| task | C | " + " | ".join(f"{m} tok/s" for m in modes)
     head += " | " + " | ".join(f"{m} ms/token" for m in modes)
-    head += " | " + " | ".join(f"{m} vs off" for m in modes[1:]) + " | accepted of drafted |"
+    head += " | " + " | ".join(f"{m} vs off" for m in modes[1:])
+    head += " | accepted/drafted, verify steps, accepted per step | depths seen (depth: samples) |"
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     keys = sorted({(r["task"], r["c"]) for r in rows}, key=lambda k: (k[0] != "copy", k[1]))
     for task, c in keys:
@@ -259,24 +287,34 @@ def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
         cells = [f"{by[m]['tps']:.1f}" for m in modes]
         cells += [f"{by[m]['tpot_ms']:.0f}" if by[m]["tpot_ms"] else "—" for m in modes]
         cells += [f"{by[m]['tps'] / base:.2f}" for m in modes[1:]]
-        spec = [
-            f"{by[m]['spec_accepted_tokens']}/{by[m]['spec_drafted_tokens']}" for m in modes[1:]
-        ]
-        lines.append(f"| {task} | {c} | " + " | ".join(cells) + " | " + ", ".join(spec) + " |")
+        spec, seen = [], []
+        for m in modes[1:]:
+            r = by[m]
+            steps = r["spec_verify_steps"]
+            per = f"{r['spec_accepted_tokens'] / steps:.1f}" if steps else "—"
+            spec.append(f"{r['spec_accepted_tokens']}/{r['spec_drafted_tokens']}, {steps}, {per}")
+            seen.append(" ".join(f"{d}: {n}" for d, n in r["depths"].items()) or "—")
+        lines.append(
+            f"| {task} | {c} | " + " | ".join(cells) + " | " + "; ".join(spec)
+            + " | " + "; ".join(seen) + " |"
+        )  # fmt: skip
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the depth sampler's requests
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-spec-") as tmp:
         workdir = Path(tmp)
         model_dir, dtype = resolve_model(args, workdir)
         rows, runtime = run_mlxd(args, model_dir, workdir)
         side = run_mlx_lm(args, model_dir, runtime) if args.mlx_lm else None
-    print(f"model: {model_dir} ({dtype}), max_tokens {args.max_tokens}, "
-          f"max_draft_tokens {args.max_draft_tokens}, saturation_tokens {args.saturation_tokens}, "
-          f"BLAS {runtime.get('blas')}\n")  # fmt: skip
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"model: {model_dir} ({dtype}), max_tokens {args.max_tokens or 'copy 128, chat 96'}, "
+          f"max_draft_tokens {args.max_draft_tokens}, "
+          f"saturation_tokens {args.saturation_tokens or 'unset (by backend)'}, "
+          f"BLAS {runtime.get('blas')}, load average at the end {load}\n")  # fmt: skip
     print(table(rows, args.modes))
     if side:
         print(f"\nmlx-lm at C = 1, copy task: {json.dumps(side)}")

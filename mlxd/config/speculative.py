@@ -30,7 +30,7 @@ class SpeculativeSettings(Section):
         le=16,
     )
     ngram_max: int = _field(
-        3,
+        6,
         "live",
         "prompt_lookup: the longest suffix n-gram looked up in the row's tokens.",
         ge=1,
@@ -49,11 +49,12 @@ class SpeculativeSettings(Section):
         'mode = "draft": a local model directory with the same tokenizer, loaded with its '
         "target (a change reloads the model).",
     )
-    saturation_tokens: int = _field(
-        64,
+    saturation_tokens: int | None = _field(
+        None,
         "live",
-        "The cost model's one constant: tokens in one forward (rows x (1 + draft)) at which "
-        "a step costs twice a one-token step; wide batches speculate less, or not at all.",
+        "The cost model's prior: tokens in one forward (rows x (1 + draft)) at which a step "
+        "costs twice a one-token step (unset: 8 on a CPU, 64 on a GPU). Measured step times "
+        "refine it; wide batches speculate less, or not at all.",
         ge=1,
     )
 

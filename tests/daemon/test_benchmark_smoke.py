@@ -177,3 +177,4 @@ def test_speculative_benchmark_compares_modes_in_one_daemon(tiny_models, tmp_pat
     assert all(r["tokens"] > 0 and r["tps"] > 0 for r in rows)
     assert all(r["spec_verify_steps"] == 0 for r in rows if r["mode"] == "off")
     assert "| copy | 2 |" in done.stdout and "prompt_lookup vs off" in done.stdout
+    assert all(isinstance(r["depths"], dict) for r in rows) and "per step" in done.stdout

@@ -6,7 +6,10 @@ import pytest
 
 from mlxd.engine.chat.speculative.lookup import NgramIndex
 from mlxd.engine.policy.spec_depth import (
+    MARGIN,
     PRIOR,
+    SATURATION_CPU,
+    SATURATION_GPU,
     Acceptance,
     StepCosts,
     choose_depth,
@@ -32,6 +35,14 @@ def test_lookup_never_matches_the_suffix_itself_and_respects_the_minimum():
     assert index([1, 2, 3]).propose(4) == []
     assert index([4, 1, 2, 9, 2], lo=2).propose(3) == []  # only a 1-gram matches
     assert index([4, 1, 2, 9, 2], lo=1).propose(3) == [9, 2]
+
+
+def test_a_longer_suffix_aligns_a_copy_with_its_place_in_the_prompt():
+    # a list whose items share their tail: the 3-gram (1, 2, 3) last continued with 30,
+    # the 4-gram ending in it says the copy is at the first item, followed by 20
+    copy = [10, 1, 2, 3, 20, 1, 2, 3, 30, 5, 10, 1, 2, 3]
+    assert index(copy, 2, 3).propose(2) == [30, 5]
+    assert index(copy, 2, 6).propose(2) == [20, 1]
 
 
 def test_lookup_grows_one_token_at_a_time_like_a_whole_build():
@@ -76,12 +87,59 @@ def test_acceptance_is_measured_then_decays_back_to_the_prior():
 def test_measured_step_costs_replace_the_formula_for_their_rows():
     costs = StepCosts()
     assert costs.ratio(8, 5) is None
-    assert choose_depth(8, 4, 0.6, 64, costs) == choose_depth(8, 4, 0.6, 64)
+    assert choose_depth(8, 4, 0.6, 64) == 3
+    assert choose_depth(8, 4, 0.6, 64, costs) == 1  # nothing measured yet: one deeper at most
     costs.record(8, 1, 0.10)
     for width in range(2, 6):  # a compute-bound machine: every extra token costs fully
         costs.record(8, width, 0.10 * width)
     assert costs.ratio(8, 5) == pytest.approx(5.0)
     assert choose_depth(8, 4, 0.6, 64, costs) == 0
-    assert choose_depth(4, 4, 0.6, 64, costs) == choose_depth(4, 4, 0.6, 64) > 0  # not measured
+    assert choose_depth(4, 4, 0.6, 64, costs) == 1  # not measured at 4 rows: explored
     costs.record(8, 1, 0.20)  # a moving average: one slow step moves it part of the way
     assert 0.10 < costs.seconds[(8, 1)] < 0.20
+
+
+def test_a_cpu_prior_keeps_a_wide_batch_plain_from_its_first_step():
+    for acceptance in (0.5, 0.7, 0.9):
+        assert choose_depth(16, 4, acceptance, SATURATION_CPU, StepCosts()) == 0
+    assert choose_depth(16, 4, 0.7, SATURATION_GPU, StepCosts()) == 1
+    assert choose_depth(1, 4, 0.5, SATURATION_CPU, StepCosts()) == 1
+
+
+def test_a_predicted_depth_must_beat_plain_by_the_margin_a_measured_one_need_not():
+    # depth 1 at 32 rows and acceptance 0.5 on the GPU prior: 1.5 tokens for a cost of 1.4
+    assert 1.0 < 1.5 / step_cost(32, 1, 64) < 1 + MARGIN
+    assert choose_depth(32, 1, 0.5, 64, StepCosts()) == 0
+    costs = StepCosts()
+    costs.record(32, 1, 0.100)
+    costs.record(32, 2, 0.140)
+    assert choose_depth(32, 1, 0.5, 64, costs) == 1
+
+
+def test_a_verify_step_dearer_than_the_prior_said_makes_deeper_ones_dearer_too():
+    costs = StepCosts()
+    costs.record(8, 1, 0.100)
+    assert choose_depth(8, 4, 0.9, SATURATION_CPU, costs) == 1  # the prior: depth 3, explored
+    costs.record(8, 2, 0.200)  # depth 1 cost 2x a plain step where the prior said 1.05 * 1.5
+    assert costs.calibration(8, SATURATION_CPU) == pytest.approx(2.0 / step_cost(8, 1, 8))
+    assert choose_depth(8, 4, 0.9, SATURATION_CPU, costs) == 0
+    assert costs.calibration(4, SATURATION_CPU) == 1.0  # other widths keep the prior
+
+
+def test_rows_that_always_speculated_want_a_plain_step_to_compare_with():
+    costs = StepCosts()
+    assert not costs.wants_plain(1)
+    costs.record(1, 3, 0.1)
+    assert costs.wants_plain(1) and not costs.wants_plain(2)
+    costs.record(1, 1, 0.08)
+    assert not costs.wants_plain(1)
+
+
+def test_exploration_goes_one_deeper_per_measured_width():
+    costs = StepCosts()
+    depths = []
+    for _ in range(5):
+        depth = choose_depth(1, 4, 0.9, SATURATION_CPU, costs)
+        depths.append(depth)
+        costs.record(1, depth + 1, 0.1 * (1 + 0.1 * depth))
+    assert depths == [1, 2, 3, 4, 4]

@@ -2,24 +2,32 @@
 
 A step that verifies ``k`` drafted tokens per row runs ``rows * (1 + k)``
 tokens through the model instead of ``rows``. While a forward is bound by
-reading the weights, those extra tokens are nearly free; past the point
-where it is bound by arithmetic, each one costs. The model says so with one
-constant, ``saturation`` (``[speculative] saturation_tokens``): a forward of
-``n`` tokens costs ``1 + n / saturation`` (a one-token forward costs 1), and
-a speculative step pays a fixed ``OVERHEAD`` on top (it reads its tokens
-back before drafting, which the plain step's pipelining avoids).
+reading the weights (a GPU), those extra tokens are nearly free; past the
+point where it is bound by arithmetic (a CPU, even at a few tokens), each
+one costs. The prior says so with one constant, ``saturation``
+(``[speculative] saturation_tokens``; by default :data:`SATURATION_CPU` or
+:data:`SATURATION_GPU` by backend): a forward of ``n`` tokens costs
+``1 + n / saturation`` (a one-token forward costs 1), and a speculative step
+pays a fixed ``OVERHEAD`` on top (it reads its tokens back before drafting,
+which the plain step's pipelining avoids).
 
 With a per-token acceptance ``a``, a row emits ``1 + a + ... + a^k`` tokens
 per step at depth ``k``. The chosen depth maximizes tokens per unit of cost;
 when no depth beats plain decoding, it is 0 and the step is mlx-lm's own.
 The acceptance is measured (:class:`Acceptance`) and decays back to a prior
 when nothing is drafted, so a batch that stopped speculating tries again.
-The formula is only the start: the step times are measured too
-(:class:`StepCosts`, by rows and tokens per row), and a measured ratio of a
-verify step to a plain step of the same rows replaces the formula's, so a
-machine where extra tokens are not free (a CPU) learns to stop drafting.
 
-Pure: no MLX, no I/O (tests/unit/test_spec_depth.py).
+The step times are measured too (:class:`StepCosts`, by rows and tokens per
+row). A verify step's measured ratio to a plain step of the same rows is
+the cost at that width (rows that have always speculated take plain steps
+until one is timed: :meth:`StepCosts.wants_plain`). Where nothing is
+measured, the prior predicts, scaled up by how much more than it said this batch width's
+measured verify steps cost (never down); a predicted depth must beat plain
+decoding by ``MARGIN`` and may be at most one deeper than the deepest
+measured at these rows, so a wrong prior costs a few shallow steps, never a
+wide batch's worth of deep ones.
+
+Pure: no MLX, no I/O (tests/unit/test_spec_policy.py).
 """
 
 from __future__ import annotations
@@ -27,9 +35,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 OVERHEAD = 0.05
+MARGIN = 0.10
 PRIOR = 0.5
 PRIOR_WEIGHT = 8.0
 DECAY = 0.98
+# The prior's saturation by backend: a CPU forward is compute-bound after a few
+# tokens (the demo model on 2 cores: 16 tokens cost ~2x one); a GPU's is
+# bandwidth-bound up to tens of tokens.
+SATURATION_CPU = 8
+SATURATION_GPU = 64
+
+
+def default_saturation(gpu: bool) -> int:
+    """``saturation_tokens`` when the config leaves it unset."""
+    return SATURATION_GPU if gpu else SATURATION_CPU
 
 
 def expected_tokens(depth: int, acceptance: float) -> float:
@@ -38,7 +57,7 @@ def expected_tokens(depth: int, acceptance: float) -> float:
 
 
 def step_cost(rows: int, depth: int, saturation: int) -> float:
-    """A step's cost relative to a plain one-token step of the same batch."""
+    """A step's cost relative to a plain one-token step of the same batch (the prior)."""
     plain = 1 + rows / saturation
     cost = (1 + rows * (1 + depth) / saturation) / plain
     return cost * (1 + OVERHEAD) if depth else cost
@@ -54,16 +73,25 @@ def choose_depth(
     """The depth (0..``max_depth``) with the most tokens per unit of cost for ``rows`` rows.
 
     A step cost measured for ``rows`` rows at that width (``measured``) wins
-    over the formula.
+    over the prediction; a predicted one must beat plain decoding by
+    ``MARGIN`` and be at most one deeper than the deepest measured.
     """
     if rows <= 0 or max_depth <= 0:
         return 0
+    costs = measured or StepCosts()
+    explored = costs.deepest(rows) if measured is not None else max_depth
+    scale = costs.calibration(rows, saturation)
     best, best_gain = 0, 1.0
     for depth in range(1, max_depth + 1):
-        ratio = measured.ratio(rows, 1 + depth) if measured is not None else None
-        cost = ratio if ratio is not None else step_cost(rows, depth, saturation)
+        exact = costs.ratio(rows, 1 + depth)
+        if exact is not None:
+            cost, need = exact, 1.0
+        elif depth > explored + 1:
+            break
+        else:
+            cost, need = step_cost(rows, depth, saturation) * scale, 1.0 + MARGIN
         gain = expected_tokens(depth, acceptance) / cost
-        if gain > best_gain + 1e-9:
+        if gain > need + 1e-9 and gain > best_gain + 1e-9:
             best, best_gain = depth, gain
     return best
 
@@ -107,3 +135,20 @@ class StepCosts:
         if plain is None or wide is None or plain <= 0:
             return None
         return wide / plain
+
+    def deepest(self, rows: int) -> int:
+        """The deepest verify step measured at ``rows`` rows (0: none)."""
+        return max((w - 1 for r, w in self.seconds if r == rows), default=0)
+
+    def wants_plain(self, rows: int) -> bool:
+        """Whether ``rows`` rows have verify steps measured but no plain step to compare."""
+        return (rows, 1) not in self.seconds and self.deepest(rows) > 0
+
+    def calibration(self, rows: int, saturation: int) -> float:
+        """How much more than the prior this many rows' verify steps cost (at least 1)."""
+        worst = 1.0
+        for r, w in self.seconds:
+            ratio = self.ratio(r, w) if r == rows and w > 1 else None
+            if ratio is not None:
+                worst = max(worst, ratio / step_cost(rows, w - 1, saturation))
+        return worst

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 
 from mlxd.config import SpeculativeSettings
@@ -32,7 +33,12 @@ from mlxd.engine.chat.speculative.verify import (
     verifiable,
     verify,
 )
-from mlxd.engine.policy.spec_depth import Acceptance, StepCosts, choose_depth
+from mlxd.engine.policy.spec_depth import (
+    Acceptance,
+    StepCosts,
+    choose_depth,
+    default_saturation,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +74,8 @@ class Speculator:
         self._drafter = Drafter(draft) if isinstance(draft, DraftModel) else None
         # mode = "mtp": the target's MTP head, loaded with it (mlxd.engine.chat.speculative.mtp).
         self._mtp = MtpDrafter(draft) if isinstance(draft, MtpHead) else None
+        # The cost model's prior when the config leaves saturation_tokens unset.
+        self._saturation = default_saturation(mx.default_device().type == mx.DeviceType.gpu)
 
     def configure(self, settings: SpeculativeSettings) -> None:
         """New settings, live; the n-gram indexes are rebuilt when their lengths change."""
@@ -113,9 +121,11 @@ class Speculator:
             width,
             settings.max_draft_tokens,
             self.acceptance.rate,
-            settings.saturation_tokens,
+            settings.saturation_tokens or self._saturation,
             self.costs,
         )
+        if depth and self.costs.wants_plain(width):
+            depth = self.depth = 0  # time a plain step at this width to compare verify steps with
         if not rows or depth == 0:
             self.acceptance.record(0, 0)
             return self._plain(width, plain)

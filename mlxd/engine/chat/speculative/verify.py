@@ -98,13 +98,11 @@ def verify(
     logits, context = walk.process(logits)
     first = logits[:, 0, :]
     first_lp = first - mx.logsumexp(first, axis=-1, keepdims=True)
-    sampled = mx.concatenate(
-        [
-            (s if s is not None else batch.fallback_sampler)(first_lp[e : e + 1])
-            for e, s in enumerate(batch.samplers or [None] * n)
-        ],
-        axis=0,
-    )
+    samplers = [batch.fallback_sampler if s is None else s for s in batch.samplers or [None] * n]
+    if all(s is samplers[0] for s in samplers):  # one call, as the plain step makes it
+        sampled = samplers[0](first_lp)
+    else:
+        sampled = mx.concatenate([s(first_lp[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
     later = logits[:, 1:, :]
     if width > 1:
         later_lp = later - mx.logsumexp(later, axis=-1, keepdims=True)
