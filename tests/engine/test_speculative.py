@@ -9,12 +9,16 @@ accept whole drafts, and reject at once, all in one run.
 
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
 from mlxd.config import SpeculativeSettings
 from mlxd.engine.chat.loading import ModelLoadError
+from mlxd.engine.chat.speculative import speculator
 from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel, load_draft
 from mlxd.engine.chat.speculative.speculator import Speculator
 from mlxd.engine.constraints import json_constraint
@@ -66,6 +70,20 @@ def oracle(
     return calls
 
 
+@contextlib.contextmanager
+def full_depth(on: bool):
+    """WIDE: every step drafts ``max_draft_tokens``. The cost model's measured step times
+    (tests/unit/test_spec_policy.py) would make the depth depend on this machine's load."""
+    if not on:
+        yield
+        return
+    with (
+        mock.patch.object(speculator, "choose_depth", lambda rows, max_depth, *_: max_depth),
+        mock.patch.object(StepCosts, "wants_plain", lambda self, rows: False),
+    ):
+        yield
+
+
 def run(model_dir, reqs, mode: str, batch=None, **spec):
     outs, counters = run_waves(model_dir, [reqs], mode, batch, **spec)
     return outs[0], counters[0]
@@ -74,11 +92,14 @@ def run(model_dir, reqs, mode: str, batch=None, **spec):
 def run_waves(model_dir, waves, mode: str, batch=None, **spec):
     """Each wave of requests after the last one ended, in one engine; counters after each."""
     outs, counters = [], []
-    with running_engine(
-        model_dir,
-        batch={"size": 4, "prompt_concurrency": 4, **(batch or {})},
-        speculative={"mode": mode, **spec},
-    ) as engine:
+    with (
+        full_depth(spec == WIDE),
+        running_engine(
+            model_dir,
+            batch={"size": 4, "prompt_concurrency": 4, **(batch or {})},
+            speculative={"mode": mode, **spec},
+        ) as engine,
+    ):
         for reqs in waves:
             outs.append(run_all(engine, reqs))
             counters.append(dict(settled(engine).counters))

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 
 from mlxd.engine.chat.loading import ModelLoadError
 from mlxd.engine.policy.spec_depth import StepCosts
+from tests.engine.test_speculative import full_depth
 from tests.support.engine import run_all, running_engine, settled, token_request
 from tests.support.tinymtp import tiny_mtp_dir, tiny_qwen_mtp_dir
 
@@ -47,9 +48,12 @@ def _tokenizer(model_dir):
 def waves(model_dir, mode: str):
     """Four rows at once, then one alone, in one engine; (outputs, counters, weights bytes)."""
     spec = {"mode": mode, "max_draft_tokens": 3, **WIDE}
-    with running_engine(
-        model_dir, batch={"size": 4, "prompt_concurrency": 4}, speculative=spec
-    ) as engine:
+    with (
+        full_depth(True),
+        running_engine(
+            model_dir, batch={"size": 4, "prompt_concurrency": 4}, speculative=spec
+        ) as engine,
+    ):
         tokenizer = _tokenizer(model_dir)
         four = run_all(
             engine,
