@@ -1,9 +1,9 @@
 """Downloads as the daemon runs them (mlxd/api/ops/downloads.py) and as the panel shows them.
 
 In process, against the fake hub, with a stand-in fleet: ``[server] downloads =
-true`` pulls a missing repo at start (and when a reload turns it on) and tells the fleet when it is done; a
-request for a repo not pulled starts its job and answers with its progress;
-the models panel's formatter shows a job's progress and the buttons.
+true`` pulls a missing repo at start (and when a reload turns it on) and tells
+the fleet when it is done; a request for a repo not pulled starts its job and
+answers with its progress; the models panel's formatter shows a job's progress and the buttons.
 """
 
 from __future__ import annotations

@@ -160,11 +160,12 @@ class DownloadService:
         kind = registry(self._state.settings)[model_id].kind
         reserve = own.prompt_cache.max_bytes if kind == "chat" else 0
         budget, max_context = view.budget_bytes, own.model.max_context
+        kv_bits, kv_group = own.batch.kv_bits, own.batch.kv_group_size  # the KV as it will load
 
         def check(listing: Listing) -> FitVerdict:
             return fit_verdict(
                 weights=listing.weights_bytes,
-                kv_per_token=kv_bytes_per_token(listing.config),
+                kv_per_token=kv_bytes_per_token(listing.config, kv_bits, kv_group),
                 budget=budget,
                 others=others,
                 reserve=reserve,
