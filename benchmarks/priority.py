@@ -60,10 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bulk-tokens", type=int, default=128)
     p.add_argument("--interactive-tokens", type=int, default=16)
     p.add_argument("--every", type=float, default=1.0, help="seconds between interactive requests")
-    p.add_argument("--seconds", type=float, default=30.0, help="measured window per mode")
+    p.add_argument(
+        "--seconds", type=float, default=None, help="measured window per mode (default 30)"
+    )
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--quick", action="store_true", help="smoke test: 4 s windows")
+    p.add_argument("--quick", action="store_true", help="smoke test: 4 s windows (or --seconds)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
@@ -71,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     if args.quick:
-        args.seconds, args.bulk_tokens, args.every = 4.0, 32, 0.5
+        args.seconds, args.bulk_tokens, args.every = args.seconds or 4.0, 32, 0.5
+    args.seconds = args.seconds or 30.0
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     args.out = args.out or ROOT / "benchmarks" / "results" / f"priority-{stamp}.json"
     return args

@@ -253,6 +253,8 @@ async def reload_from_file(
         if result.applied:
             state.settings = effective
             _apply_process_settings(effective)
+            if state.downloads is not None:  # [server] downloads is live: pull what it adds
+                state.downloads.reloaded(old)
         await _record(state, result)
         if result.changes:
             restart = ", ".join(result.restart_required)

@@ -106,7 +106,10 @@ class ServerSettings(Section):
         "A server-side request forgery risk: see docs/api.md#images.",
     )
     downloads: bool = _field(
-        False, "live", "Pull configured repos missing from the Hugging Face cache at start."
+        False,
+        "live",
+        "Pull configured repos missing from the Hugging Face cache at start, and at a reload "
+        "that turns it on or adds a model.",
     )
     state_dir: str | None = _field(
         None,

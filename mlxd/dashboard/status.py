@@ -110,11 +110,17 @@ def kv_gauge(s: dict[str, Any], now: float) -> Formatted:
 
 
 def _kv_bits(b: dict[str, Any]) -> str:
-    """ "8-bit KV, 288 B/token" when the KV cache is quantized ([batch] kv_bits), else ""."""
+    """ "8-bit KV, 288 B/token (1024 unquantized: 72% saved)" when the KV cache is quantized
+    ([batch] kv_bits), else ""."""
     bits = b.get("kv_bits") or 0
     if not bits:
         return ""
-    return f"{bits}-bit KV, {b.get('kv_bytes_per_token', 0)} B/token"
+    per_token = b.get("kv_bytes_per_token", 0)
+    text = f"{bits}-bit KV, {per_token} B/token"
+    plain = b.get("kv_unquantized_bytes_per_token") or 0
+    if plain > per_token:
+        text += f" ({plain} unquantized: {round(100 * (1 - per_token / plain))}% saved)"
+    return text
 
 
 def memory(s: dict[str, Any], now: float) -> Formatted:

@@ -118,6 +118,8 @@ class BatchState:
     # The loaded model's KV quantization (0: off) and its KV bytes per token of context.
     kv_bits: int = 0
     kv_bytes_per_token: int = 0
+    # With kv_bits: the same in the model's dtype (0 when kv_bits is off).
+    kv_unquantized_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,15 @@ def _int(config: dict[str, Any], *keys: str) -> int | None:
     return None
 
 
-def kv_bytes_per_token(config: dict[str, Any]) -> int | None:
-    """KV-cache bytes one token of context holds, or None when config.json does not say."""
+def kv_bytes_per_token(
+    config: dict[str, Any], kv_bits: int = 0, kv_group_size: int = 64
+) -> int | None:
+    """KV-cache bytes one token of context holds, or None when config.json does not say.
+
+    ``kv_bits`` ([batch] kv_bits, 4 or 8): the keys and values quantized as MLX
+    stores them, ``kv_bits`` per value plus one scale and one bias in the model's
+    dtype per ``kv_group_size`` values.
+    """
     c = _text_config(config)
     layers = _int(c, "num_hidden_layers", "n_layer", "num_layers")
     heads = _int(c, "num_attention_heads", "n_head")
@@ -51,7 +58,11 @@ def kv_bytes_per_token(config: dict[str, Any]) -> int | None:
     if head_dim is None:
         return None
     dtype = c.get("torch_dtype") or c.get("dtype") or "bfloat16"
-    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(str(dtype), 2)
+    width = _DTYPE_BYTES.get(str(dtype), 2)
+    if kv_bits:
+        per_head = head_dim * kv_bits // 8 + 2 * width * -(-head_dim // kv_group_size)
+        return 2 * layers * kv_heads * per_head
+    return 2 * layers * kv_heads * head_dim * width
 
 
 def context_length(config: dict[str, Any]) -> int | None:

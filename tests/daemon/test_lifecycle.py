@@ -100,7 +100,9 @@ def test_model_path_typo_is_refused_before_anything_drains(tmp_path, tiny_models
             body = {
                 "model": model,
                 "messages": [{"role": "user", "content": "long"}],
-                "max_tokens": 3000,
+                # Seconds of decoding: the two refused reloads below take about a tenth of
+                # a second (each must take under 2 s), and the stream must outlast them.
+                "max_tokens": 1000,
                 "stream": True,
             }
             with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=120) as r:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -56,16 +57,22 @@ def test_wheel_contains_templates_static_and_the_entry_point(wheel):
 
 
 def test_installed_wheel_serves_the_dashboard(wheel, tmp_path, tiny_models):
+    # The installed wheel must be what runs: a PYTHONPATH at a checkout (how a worktree runs
+    # its tests) would put that checkout's mlxd first.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, env=env
+    )
     # Dependencies come from the test environment, appended after the new venv's own packages.
     site = subprocess.run(
         [str(py), "-c", "import site; print(site.getsitepackages()[0])"],
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     )
     Path(site.stdout.strip(), "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # Run from elsewhere, so the checkout's mlxd/ is not on the path.
@@ -78,6 +85,7 @@ def test_installed_wheel_serves_the_dashboard(wheel, tmp_path, tiny_models):
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env=env,
     )
     assert where.returncode == 0, where.stderr
     module, templates = where.stdout.split()
@@ -89,6 +97,7 @@ def test_installed_wheel_serves_the_dashboard(wheel, tmp_path, tiny_models):
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env=env,
     )
     assert check.returncode == 0 and "[batch]" in check.stdout
     port = free_port()
@@ -105,6 +114,7 @@ def test_installed_wheel_serves_the_dashboard(wheel, tmp_path, tiny_models):
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=tmp_path,
+        env=env,
     )
     try:
         deadline = time.monotonic() + 120

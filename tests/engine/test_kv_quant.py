@@ -58,6 +58,10 @@ def test_eight_bit_kv_holds_under_40_percent_and_runs_more_rows(tiny_models):
     assert (full_first.kv_bits, q_first.kv_bits) == (0, 8)
     # values + scales + biases: (64 + 2 x 4) bytes per 64 values against 4 x 64 in float32
     assert (full_first.kv_bytes_per_token, q_first.kv_bytes_per_token) == (1024, 288)
+    assert (full_first.kv_unquantized_bytes_per_token, q_first.kv_unquantized_bytes_per_token) == (
+        0,
+        1024,
+    )
     assert q_first.max_kv_bytes_seen <= 0.4 * full_first.max_kv_bytes_seen
     assert q_last.max_active_rows_seen > full_last.max_active_rows_seen
     # The first token comes from the same prefill logits (quantized only after)... nearly:

@@ -52,7 +52,7 @@ def daemon(daemons, tmp_path_factory: pytest.TempPathFactory):
     template.write_text(TEMPLATES["hermes"][0])
     config = toml_config(
         model={"chat_template": str(template), "tool_parser": "json_tools"},
-        batch={"size": 4},
+        batch={"size": 12},  # the 11 schemas below in one batch
         sampling={"max_tokens": 96},
     )
     return daemons.get(config)
@@ -186,7 +186,7 @@ def test_every_test_schema_validates_on_the_demo_model(client, model):
             return s.get_final_completion().choices[0]
 
     names = sorted(JSON_SCHEMAS)
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(len(names)) as pool:
         answers = dict(zip(names, pool.map(ask, names), strict=True))
     for name, choice in answers.items():
         assert choice.finish_reason == "stop", (name, choice.message.content)

@@ -281,3 +281,12 @@ def test_memory_panel_says_when_the_kv_cache_is_quantized() -> None:
     assert status.memory(snap, 0.0)["kv_bits"] == ""
     snap["batch"] = batch | {"kv_bits": 8, "kv_bytes_per_token": 288}
     assert status.memory(snap, 0.0)["kv_bits"] == "8-bit KV, 288 B/token"
+    # What quantizing saves, against the same cache in the model's dtype.
+    snap["batch"] = batch | {
+        "kv_bits": 8,
+        "kv_bytes_per_token": 288,
+        "kv_unquantized_bytes_per_token": 1024,
+    }
+    assert status.memory(snap, 0.0)["kv_bits"] == (
+        "8-bit KV, 288 B/token (1024 unquantized: 72% saved)"
+    )

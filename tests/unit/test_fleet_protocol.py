@@ -208,3 +208,48 @@ def test_a_request_waiting_for_a_load_is_refused_at_once_on_shutdown(tmp_path):
             fleet.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_request_waiting_for_a_load_is_refused_when_a_reload_removes_its_model(tmp_path):
+    """A reload that removed a model left the requests waiting for its load hanging."""
+    made: list[SlowLoad] = []
+
+    def embedding(settings, model_id):
+        made.append(engine := SlowLoad(settings, model_id))
+        return engine
+
+    async def scenario() -> None:
+        fleet = Fleet(
+            settings_with(tmp_path),
+            device_bytes=2**34,
+            make_engine=lambda settings, model_id, pool, at_start: Recorder(settings, model_id),
+            make_embedding=embedding,
+        )
+        fleet.start()
+        runner = asyncio.ensure_future(fleet.run())
+        try:
+            waiter = asyncio.ensure_future(fleet.acquire("emb", "embedding"))
+            while (state := fleet.status().get("emb")) is None or state.waiting == 0:
+                await asyncio.sleep(0.01)
+            only_chat = load_settings(
+                None,
+                overrides={
+                    "models": {"chat": {"path": str(tmp_path / "chat"), "default": True}},
+                    "memory": {"budget": "1GiB"},
+                },
+            )
+            await asyncio.wait_for(fleet.apply(only_chat), 2)
+            with pytest.raises(FleetRefusal) as refused:
+                await asyncio.wait_for(waiter, 2)  # before the fix: until the load ended
+            failed = refused.value.failed
+            assert (failed.code, failed.status, failed.param) == ("model_not_found", 404, "model")
+            assert "'emb' was removed by a reload" in failed.message
+            made[0].pending.set_result(Info(weights_bytes=1000))  # the load ends; then it leaves
+            while fleet.status().get("emb") is not None:
+                await asyncio.sleep(0.01)
+            assert made[0].calls[-1] == ("stop",)
+        finally:
+            runner.cancel()
+            fleet.stop()
+
+    asyncio.run(scenario())

@@ -30,6 +30,18 @@ def test_kv_bytes_per_token_from_config_json():
     assert context_length(LLAMA) == 131072
 
 
+def test_kv_bits_shrink_the_estimate_as_mlx_stores_quantized_values():
+    """[batch] kv_bits: the fit check counts the quantized cache, as mx.quantize stores it."""
+    import mlx.core as mx
+
+    for bits, group in ((8, 64), (4, 64), (4, 32)):
+        head = mx.zeros((1, 128), dtype=mx.bfloat16)  # one KV head's values for one token
+        stored = sum(a.nbytes for a in mx.quantize(head, group_size=group, bits=bits))
+        assert kv_bytes_per_token(LLAMA, bits, group) == 2 * 32 * 8 * stored, (bits, group)
+    assert 1.8 * (kv_bytes_per_token(LLAMA, 8) or 0) < (kv_bytes_per_token(LLAMA) or 0)
+    assert kv_bytes_per_token(LLAMA, 0) == kv_bytes_per_token(LLAMA)
+
+
 def test_a_model_larger_than_the_budget_does_not_fit():
     v = fit_verdict(weights=20 * GiB, kv_per_token=131072, budget=16 * GiB)
     assert not v.fits

@@ -1,9 +1,9 @@
 """Downloads as the daemon runs them (mlxd/api/ops/downloads.py) and as the panel shows them.
 
 In process, against the fake hub, with a stand-in fleet: ``[server] downloads =
-true`` pulls a missing repo at start and tells the fleet when it is done; a
-request for a repo not pulled starts its job and answers with its progress;
-the models panel's formatter shows a job's progress and the buttons.
+true`` pulls a missing repo at start (and when a reload turns it on) and tells
+the fleet when it is done; a request for a repo not pulled starts its job and
+answers with its progress; the models panel's formatter shows a job's progress and the buttons.
 """
 
 from __future__ import annotations
@@ -93,6 +93,33 @@ def test_a_request_starts_the_download_only_when_downloads_are_on(hub, tmp_path:
     assert answer.status == 503 and answer.retry_after == 10
     assert "The model 'later' is being downloaded from the hub (org/later)" in answer.message
     on.jobs.stop()
+
+
+def test_downloads_turned_on_by_a_reload_pull_as_at_start(hub, tmp_path: Path):
+    """``[server] downloads`` is live: a reload that turns it on pulls what is missing; one
+    that keeps it on pulls only the models it adds (nothing runs twice)."""
+    place = HubPlace(hub.url, tmp_path / "hf-cache")
+    service, fleet = _service(tmp_path, place, downloads=False)
+    state = service._state  # the stand-in AppState: a reload replaces its settings
+    off = state.settings
+    on = off.model_copy(update={"server": off.server.model_copy(update={"downloads": True})})
+
+    async def run() -> None:
+        service.autostart()  # off at start: nothing
+        assert service.jobs.jobs() == []
+        state.settings = on
+        service.reloaded(off)  # the reload turned it on: both missing repos
+        assert {j["repo"] for j in service.jobs.jobs()} == {"org/tiny", "org/later"}
+        for _ in range(500):
+            if len(fleet.done) == 2:
+                break
+            await asyncio.sleep(0.02)
+        service.reloaded(on)  # left on, no model added: no new job
+        assert len(service.jobs.jobs()) == 2
+
+    asyncio.run(run())
+    assert sorted(fleet.done) == ["later", "tiny"]
+    service.jobs.stop()
 
 
 def test_the_panel_shows_a_running_download_and_its_buttons():

@@ -26,7 +26,7 @@ from litestar.params import FromPath, FromQuery
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.ops.admin import admin_guard
 from mlxd.api.state import AppState, Mlxd
-from mlxd.config import format_bytes
+from mlxd.config import Settings, format_bytes
 from mlxd.config.registry import for_model, registry
 from mlxd.engine import Failed
 from mlxd.hub import FitVerdict, HubPlace, Listing, fit_verdict, kv_bytes_per_token, repo_dir
@@ -96,15 +96,35 @@ class DownloadService:
             model_id, entry.repo, entry.repo_revision, fit=self._fit_check(model_id), force=force
         )
 
-    def autostart(self) -> None:
-        """``[server] downloads = true``: pull every configured repo the cache lacks."""
+    def autostart(self, only: set[str] | None = None) -> None:
+        """``[server] downloads = true``: pull every configured repo the cache lacks
+        (of the ids in ``only``, when given)."""
         settings = self._state.settings
         if not settings.server.downloads:
             return
         for model_id, entry in registry(settings).items():
+            if only is not None and model_id not in only:
+                continue
             if entry.repo is not None and not self.pulled(entry.repo, entry.repo_revision):
                 logger.info("[server] downloads: pulling %s for %s", entry.repo, model_id)
                 self.start(model_id, force=False)
+
+    def reloaded(self, old: Settings) -> None:
+        """A reload applied (``old``: the settings before it): ``[server] downloads``
+        turned on pulls what the cache lacks, as at start; left on, the models the
+        reload added or pointed at another repo (a job cancelled or refused before is
+        not started again)."""
+        if old.server.downloads:
+            before = registry(old)
+            fresh = {
+                i
+                for i, e in registry(self._state.settings).items()
+                if i not in before
+                or (e.repo, e.repo_revision) != (before[i].repo, before[i].repo_revision)
+            }
+            self.autostart(fresh)
+        else:
+            self.autostart()
 
     def on_load_failed(self, model_id: str | None, failed: Failed) -> Failed:
         """A request's model failed to load: with ``[server] downloads = true`` and its repo
@@ -140,11 +160,12 @@ class DownloadService:
         kind = registry(self._state.settings)[model_id].kind
         reserve = own.prompt_cache.max_bytes if kind == "chat" else 0
         budget, max_context = view.budget_bytes, own.model.max_context
+        kv_bits, kv_group = own.batch.kv_bits, own.batch.kv_group_size  # the KV as it will load
 
         def check(listing: Listing) -> FitVerdict:
             return fit_verdict(
                 weights=listing.weights_bytes,
-                kv_per_token=kv_bytes_per_token(listing.config),
+                kv_per_token=kv_bytes_per_token(listing.config, kv_bits, kv_group),
                 budget=budget,
                 others=others,
                 reserve=reserve,

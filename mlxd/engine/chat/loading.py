@@ -65,6 +65,8 @@ class LoadedModel:
     draft: Any = None
     # (bits, group size) of its quantized KV cache (mlxd.engine.chat.quant_cache); None: off.
     kv_quant: tuple[int, int] | None = None
+    # With kv_quant: the KV bytes per token its cache would take unquantized (what it saves).
+    kv_plain_bytes_per_token: int = 0
 
 
 def resolve_model_path(settings: ModelSettings, *, optimized_blas: bool) -> tuple[Path, str]:

@@ -34,5 +34,10 @@ def with_quantized_kv(loaded: LoadedModel, bits: int, group_size: int) -> Loaded
     if not any(isinstance(c, QuantKVCache) for c in flatten(fresh)):
         return loaded  # no full-attention layer: nothing to quantize
     return replace(
-        loaded, layout=layout, cache_classes=classes, rewindable=rewindable, kv_quant=kv_quant
+        loaded,
+        layout=layout,
+        cache_classes=classes,
+        rewindable=rewindable,
+        kv_quant=kv_quant,
+        kv_plain_bytes_per_token=loaded.layout.bytes_per_token,
     )

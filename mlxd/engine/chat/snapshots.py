@@ -161,6 +161,7 @@ def build_snapshot(
             **_speculation(core),
             kv_bits=loaded.kv_quant[0] if loaded and loaded.kv_quant else 0,
             kv_bytes_per_token=loaded.layout.bytes_per_token if loaded else 0,
+            kv_unquantized_bytes_per_token=loaded.kv_plain_bytes_per_token if loaded else 0,
         ),
         rows=tuple(rows),
         pending=tuple(pending),

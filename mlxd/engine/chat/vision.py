@@ -10,8 +10,12 @@ prompt cache keys prompts by token ids, so the same image yields the same
 ids (a second turn reuses its prefill) and a different image never does.
 
 Before a row with images prefills, its :class:`ImageSet` is *registered*:
-the vision tower runs once, on the engine thread, between two steps, and
-its output embeddings are kept by virtual id. A forward pass whose tokens
+the first image still to prefill goes through the vision tower then, on the
+engine thread, between two steps; each further image when the prefill chunk
+that holds its first token runs (so one step waits for the images of its own
+chunk only), and each image's embeddings are kept by virtual id while the
+row prefills. A prompt-cache hit that covers every image token runs no
+tower at all. A forward pass whose tokens
 hold virtual ids gets the text embeddings for the ordinary ids and the
 image embeddings for the virtual ones, and runs the language model on
 ``inputs_embeds``. A set is released when its row's prefill is over.

@@ -1,5 +1,6 @@
-"""The admin actions on one model (``/admin/models``, the dashboard): load, unload, pin;
-a model whose download finished.
+"""The admin actions on one model (the dashboard's ``POST /dashboard/models/load``,
+``/unload``, ``/pin``): load, unload, pin; a model whose download finished
+(``POST /admin/models/{id}/pull``).
 
 Each acts on a configured id (not an alias), waits for what it started, and
 answers with the model's row as the views show it. Refusals are

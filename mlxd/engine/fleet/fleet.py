@@ -38,7 +38,7 @@ from mlxd.engine.fleet.loading import Loads
 from mlxd.engine.fleet.reload import RegistryReload
 from mlxd.engine.fleet.room import Room
 from mlxd.engine.fleet.slot import Lease, Slot, budget_bytes
-from mlxd.engine.fleet.slots import TICK_S, EngineMaker, Slots
+from mlxd.engine.fleet.slots import TICK_S, EngineMaker, Slots, removed
 from mlxd.engine.fleet.status import chat_snapshots, fleet_view
 from mlxd.engine.fleet.unloading import Unloads
 from mlxd.engine.fleet.values import FleetApplied, FleetRefusal, FleetStatus, ModelState
@@ -192,16 +192,20 @@ class Fleet:
     async def _loaded_or_closed(self, slot: Slot) -> None:
         load = asyncio.ensure_future(self._loads.ensure_loaded(slot))
         closed = asyncio.ensure_future(self._closing.wait())
+        gone = asyncio.ensure_future(self._slots.until_removed(slot))
         try:
-            done, _ = await asyncio.wait((load, closed), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((load, closed, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
+            gone.cancel()
             if not load.done():
                 load.cancel()  # the load itself goes on (each waiter shields it)
         if load in done:
             load.result()  # FleetRefusal when the load failed
         elif self._closed is not None:
             raise FleetRefusal(self._closed)
+        else:  # a reload removed the model: its load may go on, nobody waits for it
+            raise FleetRefusal(removed(slot))
 
     def refuse_waiting(self, failed: Failed) -> None:
         """Refuse every request waiting for a model to load, now and from now on (a shutdown)."""

@@ -4,7 +4,9 @@ A request for a model that is not loaded starts its load (or joins the one
 under way); the load makes room in the budget (:mod:`mlxd.engine.fleet.room`),
 then asks the engine to load, and settles the reservation to the bytes the
 load measured. A failed load answers every waiter with 503 and is
-remembered for a few seconds. A model its engine loads at start (pinned) is
+remembered for a few seconds. A model a reload removes while requests wait
+for its load refuses them at once (404), and a load still waiting for memory
+gives up. A model its engine loads at start (pinned) is
 only accounted for here when that load ends.
 """
 
@@ -17,7 +19,7 @@ import time
 from mlxd.config import format_bytes
 from mlxd.engine.fleet.room import Room
 from mlxd.engine.fleet.slot import Slot, estimate_weights, swallow_failure
-from mlxd.engine.fleet.slots import Slots
+from mlxd.engine.fleet.slots import Slots, removed
 from mlxd.engine.fleet.values import FleetRefusal
 from mlxd.engine.messages import Failed
 
@@ -38,6 +40,8 @@ class Loads:
         """Return once ``slot``'s model is loaded, loading it if needed; raises FleetRefusal."""
         slots = self._slots
         while True:
+            if slot.removed:
+                raise FleetRefusal(removed(slot))
             if slot.state == "loaded":
                 return
             if slot.state == "failed" and time.time() - slot.failed_at < RETRY_AFTER_FAILURE_S:

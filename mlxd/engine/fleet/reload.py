@@ -76,6 +76,7 @@ class RegistryReload:
                 slot.removed = True
                 task = asyncio.ensure_future(self._remove(slot))
                 task.add_done_callback(swallow_failure)
+        slots.notify()  # requests waiting for a removed model's load are refused now
         for model_id, entry in new.items():
             slot = slots.by_id.get(model_id)
             if slot is None or slot.removed:

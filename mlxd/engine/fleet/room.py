@@ -15,7 +15,7 @@ import asyncio
 from mlxd.config import format_bytes
 from mlxd.engine.fleet.fit import idle_victim
 from mlxd.engine.fleet.slot import Slot
-from mlxd.engine.fleet.slots import Slots
+from mlxd.engine.fleet.slots import Slots, removed
 from mlxd.engine.fleet.unloading import Unloads
 from mlxd.engine.fleet.values import FleetRefusal
 from mlxd.engine.messages import Failed
@@ -58,6 +58,8 @@ class Room:
         queue.append(slot)
         try:
             while True:
+                if slot.removed:  # a reload removed it: nobody waits for this load any more
+                    raise FleetRefusal(removed(slot))
                 if queue[0] is slot:
                     if slots.pool.reserve(slot.id, need):
                         return

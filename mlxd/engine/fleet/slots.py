@@ -181,6 +181,11 @@ class Slots:
         if self._changed is not None:
             self._changed.set()
 
+    async def until_removed(self, slot: Slot) -> None:
+        """Until a reload removes ``slot`` (a load's waiter leaves then: :func:`removed`)."""
+        while not slot.removed:
+            await self.wait_change()
+
     async def wait_change(self) -> None:
         """Until something changes (a lease ends, a model unloads), or a tick passes."""
         if self._changed is None:
@@ -188,3 +193,14 @@ class Slots:
         self._changed.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._changed.wait(), TICK_S)
+
+
+def removed(slot: Slot) -> Failed:
+    """The refusal of a request whose model a reload removed while it waited for its load."""
+    return Failed(
+        "model_not_found",
+        f"The model '{slot.id}' was removed by a reload while this request waited for it "
+        "to load (see /v1/models).",
+        404,
+        param="model",
+    )
