@@ -8,6 +8,7 @@ from mlxd.engine.chat.speculative.lookup import NgramIndex
 from mlxd.engine.policy.spec_depth import (
     MARGIN,
     PRIOR,
+    REFRESH,
     SATURATION_CPU,
     SATURATION_GPU,
     Acceptance,
@@ -143,3 +144,19 @@ def test_exploration_goes_one_deeper_per_measured_width():
         depths.append(depth)
         costs.record(1, depth + 1, 0.1 * (1 + 0.1 * depth))
     assert depths == [1, 2, 3, 4, 4]
+
+
+def test_a_slow_first_verify_step_does_not_keep_a_row_plain_for_good():
+    costs = StepCosts()
+    costs.record(1, 1, 0.10)
+    costs.record(1, 2, 0.30)  # a cold first verify step: three plain steps' time
+    assert choose_depth(1, 4, 0.9, 8, costs) == 0
+    for _ in range(REFRESH - 1):
+        costs.record(1, 1, 0.10)
+    assert choose_depth(1, 4, 0.9, 8, costs) == 0  # still measured, still too dear
+    costs.record(1, 1, 0.10)
+    assert costs.deepest(1) == 0  # forgotten after REFRESH plain steps
+    assert choose_depth(1, 4, 0.9, 8, costs) == 1  # explores again, one deep
+    costs.record(1, 2, 0.12)
+    assert costs.ratio(1, 2) == pytest.approx(1.2)
+    assert choose_depth(1, 4, 0.9, 8, costs) >= 1

@@ -25,7 +25,9 @@ measured, the prior predicts, scaled up by how much more than it said this batch
 measured verify steps cost (never down); a predicted depth must beat plain
 decoding by ``MARGIN`` and may be at most one deeper than the deepest
 measured at these rows, so a wrong prior costs a few shallow steps, never a
-wide batch's worth of deep ones.
+wide batch's worth of deep ones. A row count that ran ``REFRESH`` plain steps
+in a row forgets its verify measurements and explores again, so one slow
+verify step (a cold first one, a burst of load) does not keep it plain for good.
 
 Pure: no MLX, no I/O (tests/unit/test_spec_policy.py).
 """
@@ -39,6 +41,10 @@ MARGIN = 0.10
 PRIOR = 0.5
 PRIOR_WEIGHT = 8.0
 DECAY = 0.98
+# Plain steps after which a row count's verify measurements are forgotten, so
+# one slow verify step (the first at a width, a burst of load) cannot keep a
+# batch plain for good: at worst one shallow verify step per REFRESH steps.
+REFRESH = 64
 # The prior's saturation by backend: a CPU forward is compute-bound after a few
 # tokens (the demo model on 2 cores: 16 tokens cost ~2x one); a GPU's is
 # bandwidth-bound up to tens of tokens.
@@ -123,11 +129,23 @@ class StepCosts:
 
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)
     weight: float = 0.2
+    # Plain steps timed per row count since its last verify step.
+    _plain_run: dict[int, int] = field(default_factory=dict)
 
     def record(self, rows: int, width: int, seconds: float) -> None:
         key = (rows, width)
         before = self.seconds.get(key)
         self.seconds[key] = seconds if before is None else before + self.weight * (seconds - before)
+        if width > 1:
+            self._plain_run[rows] = 0
+            return
+        run = self._plain_run[rows] = self._plain_run.get(rows, 0) + 1
+        if run >= REFRESH:
+            # A verify measurement that kept these rows plain this long may be stale
+            # (a first, cold step; a burst of load): forget it and explore again.
+            for stale in [k for k in self.seconds if k[0] == rows and k[1] > 1]:
+                del self.seconds[stale]
+            self._plain_run[rows] = 0
 
     def ratio(self, rows: int, width: int) -> float | None:
         """A verify step of ``width`` over a plain step, both measured at ``rows`` rows."""
