@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Speculative decoding benchmark: speculation off against each mode, in one daemon.
 
-One mlxd daemon (``python -m mlxd serve``, ``[batch] size`` = the largest C,
+One mlxd daemon (``python -m mlxd serve``, ``[batch] size`` = the largest C and at least 8,
 prompt cache off, greedy) serves waves of C concurrent streamed chat
 requests. Before each wave the daemon is reloaded (SIGHUP) to the wave's
 ``[speculative] mode``; the modes alternate wave by wave, for each C and
@@ -120,7 +120,11 @@ def config(args: argparse.Namespace, model_dir: str, mode: str) -> str:
         {
             "server": {"log_level": "warning"},
             "model": {"path": model_dir, "name": "bench"},
-            "batch": {"size": max(args.concurrency), "prompt_concurrency": max(args.concurrency)},
+            # At least the default 8: size = 1 is the serial lane, which does not speculate.
+            "batch": {
+                "size": max(8, *args.concurrency),
+                "prompt_concurrency": max(args.concurrency),
+            },
             "prompt_cache": {"max_entries": 0},
             "sampling": {"temperature": 0.0},
             "runtime": {"blas": args.blas},
