@@ -1,12 +1,13 @@
 """An uploaded audio file as 16 kHz mono float32 samples, checked first (no MLX).
 
-The decoding half of speech-to-text (issue 37: ``kind = "transcription"``, whose
-route and engine are not built yet). The container is told by its first bytes,
-never by the file name or the client's content type: WAV (``RIFF....WAVE``),
-FLAC (``fLaC``), Ogg Vorbis (``OggS`` with a Vorbis header) and MP3 (an ID3 tag
-or an MPEG frame sync) are decoded and resampled by miniaudio (a dependency of
-mlx-audio). Ogg Opus, M4A/AAC (``ftyp``) and WebM/Matroska are refused with a
-400 that says how to convert them (ffmpeg), as is anything else.
+The decoding half of speech-to-text (``kind = "transcription"``). The container
+is told by its first bytes, never by the file name or the client's content
+type: WAV (``RIFF....WAVE``), FLAC (``fLaC``), Ogg Vorbis (``OggS`` with a
+Vorbis header) and MP3 (an ID3 tag or an MPEG frame sync) are decoded and
+resampled by miniaudio (a dependency of mlx-audio). Ogg Opus, M4A/AAC
+(``ftyp``) and WebM/Matroska go through PyAV (:mod:`.decode_av`) when it is
+installed, else a 400 says what to install or how to convert them (ffmpeg);
+anything else is a 400.
 
 Limits come before the decode: the upload's bytes (``max_bytes``), then its
 duration read from the header (``max_seconds``), so a long file is refused
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from mlxd.engine.audio import decode_av
 
 SAMPLE_RATE = 16_000  # what Whisper and Parakeet read
 
@@ -94,14 +97,8 @@ def decode_audio(data: bytes, *, max_bytes: int, max_seconds: float) -> Decoded:
     if not data:
         raise AudioError(400, "The audio file is empty.")
     container = sniff(data)
-    if container in ("opus", "m4a", "webm"):
-        names = {"opus": "Ogg Opus", "m4a": "M4A/AAC (MP4)", "webm": "WebM/Matroska"}
-        raise AudioError(
-            400,
-            f"{names[container]} audio cannot be decoded by this server (miniaudio reads WAV, "
-            f"FLAC, MP3 and Ogg Vorbis): {CONVERT}.",
-            code="unsupported_audio_format",
-        )
+    if container in decode_av.DEMUXERS:
+        return _decode_av(data, container, max_seconds)
     if container == "unknown":
         raise AudioError(
             400,
@@ -135,6 +132,33 @@ def decode_audio(data: bytes, *, max_bytes: int, max_seconds: float) -> Decoded:
     samples = np.frombuffer(sound.samples, dtype=np.float32).copy()
     if samples.size == 0:
         raise AudioError(400, f"The {container} file holds no audio samples.")
+    return Decoded(samples, container, samples.size / SAMPLE_RATE)
+
+
+def _decode_av(data: bytes, container: str, max_seconds: float) -> Decoded:
+    """Ogg Opus, M4A/AAC or WebM through PyAV, or a 400 saying what to install."""
+    name = decode_av.NAMES[container]
+    if not decode_av.available():
+        raise AudioError(
+            400,
+            f"{name} audio needs PyAV on this server (`pip install 'mlxd[audio]'`; miniaudio "
+            f"reads WAV, FLAC, MP3 and Ogg Vorbis): {CONVERT}.",
+            code="unsupported_audio_format",
+        )
+    try:
+        samples, _ = decode_av.decode_av(
+            data, container, sample_rate=SAMPLE_RATE, max_seconds=max_seconds
+        )
+    except decode_av.TooLong as exc:
+        raise AudioError(
+            400,
+            f"The audio is at least {float(exc.args[0]):.1f} s long; at most {max_seconds:g} s "
+            "are accepted. Split it into shorter files.",
+        ) from None
+    except decode_av.Undecodable as exc:
+        raise AudioError(400, f"{exc} Or {CONVERT}.") from None
+    if samples.size == 0:
+        raise AudioError(400, f"The {name} file holds no audio samples.")
     return Decoded(samples, container, samples.size / SAMPLE_RATE)
 
 
