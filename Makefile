@@ -37,7 +37,7 @@ $(VENV)/.serve-ok: $(VENV)/.python-ok pyproject.toml Makefile
 # purpose, and without it pip's resolver prints a red ERROR about their
 # dependencies (sentence-transformers, llm) at every later install.
 $(VENV)/.test-ok: $(VENV)/.serve-ok
-	$(BIN)/pip install --quiet --no-warn-conflicts -e '.[test,embeddings]'
+	$(BIN)/pip install --quiet --no-warn-conflicts -e '.[test,embeddings,audio]'
 	@touch $@
 
 $(VENV)/.embeddings-ok: $(VENV)/.serve-ok
