@@ -25,7 +25,8 @@ every 0.25 s while rows run).
 
 Usage: ``python benchmarks/speculative.py [--model DIR|demo] [--concurrency 1,2,4,8,16]
 [--max-tokens N (default: copy 128, chat 96)] [--modes off,prompt_lookup]
-[--tasks copy,chat] [--mlx-lm]``.
+[--tasks copy,chat] [--repeats N] [--mlx-lm]``; with ``--repeats`` the modes alternate N times
+per task and C, and the table gives median rates and each repeat's ratio.
 A Markdown table goes to stdout, JSON to ``--out``.
 """
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import itertools
 import json
 import logging
 import os
@@ -96,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft-model", default=None, help='mode "draft": its directory')
     p.add_argument("--mlx-lm", action="store_true", help="mlx-lm's speculative path at C=1")
     p.add_argument("--quick", action="store_true", help="smoke test: C = 2, 16 tokens, no warm-up")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="waves per mode, alternating (medians reported)"
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -235,7 +240,7 @@ def run_mlxd(args: argparse.Namespace, model_dir: str, workdir: Path) -> tuple[l
         runtime = httpx.get(f"{url}/stats", timeout=10).json()["runtime"]
         for task in args.tasks:
             for c in args.concurrency:
-                for mode in args.modes:
+                for rep, mode in itertools.product(range(args.repeats), args.modes):
                     reload_to(server, url, mode, cfg, config(args, model_dir, mode))
                     if not args.quick:
                         asyncio.run(wave(url, args, task, 1, 8))  # warm-up, not counted
@@ -243,7 +248,7 @@ def run_mlxd(args: argparse.Namespace, model_dir: str, workdir: Path) -> tuple[l
                     result = asyncio.run(wave(url, args, task, c))
                     after = counters(url)
                     spec = {k: after[k] - before[k] for k in after}
-                    row = {"task": task, "c": c, "mode": mode, **result, **spec}
+                    row = {"task": task, "c": c, "mode": mode, "repeat": rep, **result, **spec}
                     logger.info("%s", row)
                     rows.append(row)
     return rows, runtime
@@ -278,26 +283,48 @@ def run_mlx_lm(args: argparse.Namespace, model_dir: str, runtime: dict) -> dict[
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def merged(waves: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's waves (its repeats) as one row: median rates, summed counters."""
+    tpots = [w["tpot_ms"] for w in waves if w["tpot_ms"]]
+    depths: dict[Any, int] = {}
+    for w in waves:
+        for d, n in w["depths"].items():
+            depths[d] = depths.get(d, 0) + n
+    out: dict[str, Any] = {
+        "tps": statistics.median(w["tps"] for w in waves),
+        "each": [w["tps"] for w in sorted(waves, key=lambda w: w.get("repeat", 0))],
+        "tpot_ms": statistics.median(tpots) if tpots else None,
+        "depths": depths,
+    }
+    for k in ("spec_drafted_tokens", "spec_accepted_tokens", "spec_verify_steps"):
+        out[k] = sum(w[k] for w in waves)
+    return out
+
+
 def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     head = "| task | C | " + " | ".join(f"{m} tok/s" for m in modes)
     head += " | " + " | ".join(f"{m} ms/token" for m in modes)
-    head += " | " + " | ".join(f"{m} vs off" for m in modes[1:])
+    head += " | " + " | ".join(f"{m} vs off (each repeat)" for m in modes[1:])
     head += " | accepted/drafted, verify steps, accepted per step | depths seen (depth: samples) |"
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     keys = sorted({(r["task"], r["c"]) for r in rows}, key=lambda k: (k[0] != "copy", k[1]))
     for task, c in keys:
-        by = {r["mode"]: r for r in rows if (r["task"], r["c"]) == (task, c)}
+        by = {m: merged([r for r in rows if (r["task"], r["c"], r["mode"]) == (task, c, m)])
+              for m in modes}  # fmt: skip
         base = by[modes[0]]["tps"]
         cells = [f"{by[m]['tps']:.1f}" for m in modes]
         cells += [f"{by[m]['tpot_ms']:.0f}" if by[m]["tpot_ms"] else "—" for m in modes]
-        cells += [f"{by[m]['tps'] / base:.2f}" for m in modes[1:]]
+        for m in modes[1:]:
+            ratios = [on / off for on, off in zip(by[m]["each"], by[modes[0]]["each"], strict=True)]
+            each = f" ({' '.join(f'{x:.2f}' for x in ratios)})" if len(ratios) > 1 else ""
+            cells.append(f"{statistics.median(ratios):.2f}{each}" if base else "—")
         spec, seen = [], []
         for m in modes[1:]:
             r = by[m]
             steps = r["spec_verify_steps"]
             per = f"{r['spec_accepted_tokens'] / steps:.1f}" if steps else "—"
             spec.append(f"{r['spec_accepted_tokens']}/{r['spec_drafted_tokens']}, {steps}, {per}")
-            seen.append(" ".join(f"{d}: {n}" for d, n in r["depths"].items()) or "—")
+            seen.append(" ".join(f"{d}: {n}" for d, n in sorted(r["depths"].items())) or "—")
         lines.append(
             f"| {task} | {c} | " + " | ".join(cells) + " | " + "; ".join(spec)
             + " | " + "; ".join(seen) + " |"
