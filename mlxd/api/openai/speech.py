@@ -19,7 +19,8 @@ import asyncio
 import base64
 import json
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import msgspec
@@ -204,49 +205,50 @@ async def _held(stream: AsyncIterator[bytes], job: SpeechJob, release: Any) -> A
 
 async def _audio(events: asyncio.Queue[Any], job: SpeechJob, note: Note) -> AsyncIterator[bytes]:
     """The encoded audio as it comes; a failure mid-way ends it short."""
-    ended = False
-    try:
-        while True:
-            event = await events.get()
+    async with aclosing(_outcomes(events, note)) as outcomes:
+        async for event in outcomes:
             if isinstance(event, SpeechAudio):
                 yield event.data
-            elif isinstance(event, SpeechDone):
-                ended = True
-                note.generated = event.tokens
-                if event.tail:
-                    yield event.tail
-                return
-            elif isinstance(event, Failed):
-                ended = True
-                note.error = event.code
-                return
-    finally:
-        if not ended:
-            note.cancelled(0)
+            elif isinstance(event, SpeechDone) and event.tail:
+                yield event.tail
 
 
 async def _sse(events: asyncio.Queue[Any], job: SpeechJob, note: Note) -> AsyncIterator[bytes]:
     """OpenAI's speech stream: ``speech.audio.delta`` per piece, then ``speech.audio.done``."""
-    ended = False
-    try:
-        while True:
-            event = await events.get()
+    async with aclosing(_outcomes(events, note)) as outcomes:
+        async for event in outcomes:
             if isinstance(event, SpeechAudio):
                 yield _event({"type": "speech.audio.delta", "audio": _b64(event.data)})
             elif isinstance(event, SpeechDone):
-                ended = True
-                note.generated = event.tokens
                 if event.tail:
                     yield _event({"type": "speech.audio.delta", "audio": _b64(event.tail)})
                 usage = {"input_tokens": 0, "output_tokens": event.tokens}
                 usage["total_tokens"] = event.tokens
                 yield _event({"type": "speech.audio.done", "usage": usage})
-                return
+            else:
+                error = {"message": event.message, "type": "server_error", "code": event.code}
+                yield _event({"type": "error", "error": error})
+
+
+async def _outcomes(
+    events: asyncio.Queue[Any], note: Note
+) -> AsyncGenerator[SpeechAudio | SpeechDone | Failed, None]:
+    """The engine's events after the start, up to the last (done or failed), noted for the
+    request log; a client gone before the last is noted as cancelled."""
+    ended = False
+    try:
+        while True:
+            event = await events.get()
+            if isinstance(event, SpeechDone):
+                ended = True
+                note.generated = event.tokens
             elif isinstance(event, Failed):
                 ended = True
                 note.error = event.code
-                error = {"message": event.message, "type": "server_error", "code": event.code}
-                yield _event({"type": "error", "error": error})
+            elif not isinstance(event, SpeechAudio):
+                continue
+            yield event
+            if ended:
                 return
     finally:
         if not ended:
