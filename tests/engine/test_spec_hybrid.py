@@ -13,27 +13,16 @@ every conversation hits those entries and answers as off does.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from mlxd.engine.chat.prompt_cache import Kind, PromptCache, detach
 from mlxd.engine.chat.speculative.speculator import Speculator
 from mlxd.engine.messages import Finished
-from mlxd.engine.policy.spec_depth import StepCosts
+from tests.engine.test_speculative import TEXTS
+from tests.engine.test_speculative import formula_costs as formula_costs  # autouse fixture
 from tests.support.engine import run_all, running_engine, settled, token_request
 
 FAMILY = "qwen3_next"
 MAX_TOKENS = 16
-TEXTS = [
-    "The river runs past the old mill. The river runs past the old mill.",
-    "A small computer reads a prompt, turns the words into numbers and predicts.",
-    "Memory grows with every token the model keeps.",
-    "one two three one two three one two",
-]
-
-
-@pytest.fixture(autouse=True)
-def formula_costs(monkeypatch):
-    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, width: None)
 
 
 def stored_caches(monkeypatch) -> dict[tuple[int, ...], list[np.ndarray]]:
