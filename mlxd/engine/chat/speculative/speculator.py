@@ -111,7 +111,7 @@ class Speculator:
             return plain()
         width = len(batch.uids)
         lane = [self.rows.get(uid) for uid in batch.uids]
-        greedy = set(greedy_rows(batch, every=True))
+        greedy = set(greedy_rows(batch))
         rows = [
             i
             for i in range(width)

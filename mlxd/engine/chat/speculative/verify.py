@@ -49,16 +49,11 @@ def verifiable(batch: GenerationBatch) -> bool:
     return can_roll_back(batch.model, batch.prompt_cache)
 
 
-def greedy_rows(batch: GenerationBatch, *, every: bool = False) -> list[int]:
-    """Rows that may speculate: the shared greedy sampler and no logits processor
-    (``every``: with or without processors; :mod:`.constrained` decides those)."""
-    processors = batch.logits_processors or [()] * len(batch.uids)
+def greedy_rows(batch: GenerationBatch) -> list[int]:
+    """Rows on the shared greedy sampler, with or without logits processors
+    (:mod:`.constrained` decides whether those rows may speculate)."""
     samplers = batch.samplers or [batch.fallback_sampler] * len(batch.uids)
-    return [
-        i
-        for i in range(len(batch.uids))
-        if (every or not processors[i]) and samplers[i] is batch.fallback_sampler
-    ]
+    return [i for i in range(len(batch.uids)) if samplers[i] is batch.fallback_sampler]
 
 
 def pending_tokens(batch: GenerationBatch) -> list[int]:
