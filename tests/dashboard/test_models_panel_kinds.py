@@ -7,13 +7,11 @@ counts: requests served and the pairs or uploads they carried.
 
 from __future__ import annotations
 
-import io
-import wave
-
 import httpx
 import numpy as np
 import pytest
 
+from tests.support.audio import wav16
 from tests.support.browser import frozen
 from tests.support.daemon import toml_config
 from tests.support.tinyrerank import build_cross_encoder
@@ -22,13 +20,7 @@ pytest.importorskip("mlx_audio")
 
 
 def _wav(seconds: float = 0.5, rate: int = 16_000) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(np.zeros(int(seconds * rate), np.int16).tobytes())
-    return out.getvalue()
+    return wav16(np.zeros(int(seconds * rate), np.int16), rate)
 
 
 @pytest.fixture(scope="module")

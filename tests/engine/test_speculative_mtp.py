@@ -18,12 +18,11 @@ from mlx.utils import tree_flatten
 
 from mlxd.engine.chat.loading import ModelLoadError
 from mlxd.engine.policy.spec_depth import StepCosts
-from tests.engine.test_speculative import full_depth
+from tests.engine.test_speculative import WIDE, full_depth
 from tests.support.engine import run_all, running_engine, settled, token_request
 from tests.support.tinymtp import tiny_mtp_dir, tiny_qwen_mtp_dir
 
 MAX_TOKENS = 16
-WIDE = {"saturation_tokens": 100_000}  # the cost model never cuts the depth here
 TEXTS = [
     "The river runs past the old mill.",
     "A small computer reads a prompt and predicts.",

@@ -4,28 +4,20 @@ response_format; bad uploads, an unknown model and a chat model are clear 4xx.""
 
 from __future__ import annotations
 
-import io
 import json
-import wave
 
 import numpy as np
 import openai
 import pytest
 
+from tests.support.audio import wav16
 from tests.support.daemon import toml_config
 
 pytest.importorskip("mlx_audio")
 
 
 def wav_bytes(seconds: float = 1.0, rate: int = 16_000) -> bytes:
-    samples = (np.sin(np.arange(int(seconds * rate)) / 10) * 8000).astype(np.int16)
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(samples.tobytes())
-    return out.getvalue()
+    return wav16(np.sin(np.arange(int(seconds * rate)) / 10) * 8000, rate)
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,13 @@ the deltas joined and the unstreamed answer's; srt with stream is a clear 400.""
 
 from __future__ import annotations
 
-import io
 import threading
-import wave
 
 import numpy as np
 import openai
 import pytest
 
+from tests.support.audio import wav16
 from tests.support.daemon import toml_config
 
 pytest.importorskip("mlx_audio")
@@ -22,14 +21,7 @@ SECONDS = 40.0  # two windows: 0-30 s and 30-40 s
 
 def noise_wav(seconds: float, rate: int = 16_000) -> bytes:
     rng = np.random.default_rng(0)
-    samples = (rng.standard_normal(int(seconds * rate)) * 3000).astype(np.int16)
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(samples.tobytes())
-    return out.getvalue()
+    return wav16(rng.standard_normal(int(seconds * rate)) * 3000, rate)
 
 
 @pytest.fixture(scope="module")
