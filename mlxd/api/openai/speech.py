@@ -171,10 +171,10 @@ async def serve_speech(request: Request, state: AppState) -> Response[Any]:
         headers[IGNORED_HEADER] = ", ".join([*([known] if known else []), *ignored])
     headers["Cache-Control"] = "no-cache"
     if req.stream_format == "sse":
-        stream = _sse(events, job, note)
+        stream = _sse(events, note)
         media_type = "text/event-stream"
     else:
-        stream = _audio(events, job, note)
+        stream = _audio(events, note)
         media_type = SPEECH_MEDIA_TYPES[req.response_format]
     body_out = _held(stream, job, lease.release)
     # A stream the client left before its first byte is never iterated: release then.
@@ -203,7 +203,7 @@ async def _held(stream: AsyncIterator[bytes], job: SpeechJob, release: Any) -> A
         release()
 
 
-async def _audio(events: asyncio.Queue[Any], job: SpeechJob, note: Note) -> AsyncIterator[bytes]:
+async def _audio(events: asyncio.Queue[Any], note: Note) -> AsyncIterator[bytes]:
     """The encoded audio as it comes; a failure mid-way ends it short."""
     async with aclosing(_outcomes(events, note)) as outcomes:
         async for event in outcomes:
@@ -213,7 +213,7 @@ async def _audio(events: asyncio.Queue[Any], job: SpeechJob, note: Note) -> Asyn
                 yield event.tail
 
 
-async def _sse(events: asyncio.Queue[Any], job: SpeechJob, note: Note) -> AsyncIterator[bytes]:
+async def _sse(events: asyncio.Queue[Any], note: Note) -> AsyncIterator[bytes]:
     """OpenAI's speech stream: ``speech.audio.delta`` per piece, then ``speech.audio.done``."""
     async with aclosing(_outcomes(events, note)) as outcomes:
         async for event in outcomes:
