@@ -9,11 +9,10 @@ what a cold run gives.
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
-from mlx_lm.generate import BatchGenerator, stream_generate
+from mlx_lm.generate import BatchGenerator
 
-from tests.support.engine import run_all, running_engine, token_request
+from tests.support.engine import greedy_reference, run_all, running_engine, token_request
 
 FAMILIES = ["llama", "gemma3_text", "qwen3_next", "mamba2", "falcon_h1"]
 MAX_TOKENS = 24
@@ -48,12 +47,7 @@ def oracle_batch(model, tokenizer, ids: list[list[int]]) -> list[list[int]]:
 
 
 def oracle_serial(model, tokenizer, ids: list[int]) -> list[int]:
-    tokens = []
-    for r in stream_generate(model, tokenizer, mx.array(ids), max_tokens=MAX_TOKENS):
-        if r.token in tokenizer.eos_token_ids:
-            break
-        tokens.append(r.token)
-    return tokens
+    return greedy_reference(model, tokenizer, ids, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -10,14 +10,12 @@ and one that cannot (qwen3_5's recurrent layers).
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
-from mlx_lm.generate import stream_generate
 
 from mlxd.engine.chat.batch import BatchLane
 from mlxd.engine.chat.serial import SerialRun
 from mlxd.engine.messages import Failed, Finished
-from tests.support.engine import run_all, running_engine, settled, token_request
+from tests.support.engine import greedy_reference, run_all, running_engine, settled, token_request
 
 MAX_TOKENS = 6
 PROMPT = 400
@@ -31,12 +29,7 @@ def long_prompt(tokenizer) -> list[int]:
 
 
 def cold(model, tokenizer, ids: list[int]) -> list[int]:
-    tokens = []
-    for r in stream_generate(model, tokenizer, mx.array(ids), max_tokens=MAX_TOKENS):
-        if r.token in tokenizer.eos_token_ids:
-            break
-        tokens.append(r.token)
-    return tokens
+    return greedy_reference(model, tokenizer, ids, MAX_TOKENS)
 
 
 @pytest.mark.parametrize(

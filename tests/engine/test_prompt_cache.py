@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import stream_generate
 
 from mlxd.engine.messages import Finished
-from tests.support.engine import run_all, running_engine, token_request
+from tests.support.engine import greedy_reference, run_all, running_engine, token_request
 
 FAMILIES = ["llama", "gemma3_text", "qwen3_next", "qwen3_5", "mamba2", "falcon_h1"]
 EVERY = 64
@@ -32,12 +31,7 @@ def first_prompt(tokenizer) -> list[int]:
 
 
 def cold(model, tokenizer, ids: list[int]) -> list[int]:
-    tokens = []
-    for r in stream_generate(model, tokenizer, mx.array(ids), max_tokens=MAX_TOKENS):
-        if r.token in tokenizer.eos_token_ids:
-            break
-        tokens.append(r.token)
-    return tokens
+    return greedy_reference(model, tokenizer, ids, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("lane", ["batch", "serial"])

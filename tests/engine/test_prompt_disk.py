@@ -20,9 +20,7 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
-import mlx.core as mx
 import pytest
-from mlx_lm.generate import stream_generate
 
 from mlxd.config import load_settings
 from mlxd.engine.chat.disk_checksum import CorruptEntry, verify_payload
@@ -30,6 +28,7 @@ from mlxd.engine.chat.disk_writer import read_metadata
 from mlxd.engine.messages import Finished
 from tests.support.engine import (
     consume,
+    greedy_reference,
     run_all,
     running_engine,
     settled,
@@ -46,12 +45,7 @@ def prompt(tokenizer, n: int, salt: str = "") -> list[int]:
 
 
 def cold(model, tokenizer, ids: list[int]) -> list[int]:
-    tokens = []
-    for r in stream_generate(model, tokenizer, mx.array(ids), max_tokens=MAX_TOKENS):
-        if r.token in tokenizer.eos_token_ids:
-            break
-        tokens.append(r.token)
-    return tokens
+    return greedy_reference(model, tokenizer, ids, MAX_TOKENS)
 
 
 def files(directory: Path) -> list[Path]:

@@ -41,6 +41,20 @@ class Outcome:
         return isinstance(self.end, Finished)
 
 
+def greedy_reference(model: Any, tokenizer: Any, ids: list[int], max_tokens: int) -> list[int]:
+    """mlx-lm's own greedy answer to ``ids`` (``stream_generate``), up to its EOS: the
+    tokens a row of the engine must emit for the same prompt."""
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+
+    tokens = []
+    for r in stream_generate(model, tokenizer, mx.array(ids), max_tokens=max_tokens):
+        if r.token in tokenizer.eos_token_ids:
+            break
+        tokens.append(r.token)
+    return tokens
+
+
 def make_engine(model_dir: Path, *, faults: bool = False, **sections: dict[str, Any]) -> Engine:
     """A started engine on ``model_dir``, loaded; its state (disk tier) in a fresh directory."""
     state = tempfile.mkdtemp(prefix="engine-", dir=os.environ.get("MLXD_SERVER__STATE_DIR"))
