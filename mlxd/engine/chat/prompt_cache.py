@@ -209,9 +209,7 @@ class PromptCache:
         if kind != "assistant":
             self.checkpoints += 1
         if kind == "system" and self.disk is not None:
-            entry.on_disk |= self.disk.write(
-                entry.tokens, cache, kind=kind, trimmable=entry.trimmable, spilled=False
-            )
+            entry.on_disk |= _write(self.disk, entry)
         elif self.disk is not None and _worth_writing(entry):
             # A longer entry of the same conversation replaces its older ones on the way.
             for _, shorter in self._trie.prefixes(entry.tokens):
@@ -270,9 +268,7 @@ class PromptCache:
 
     def _spill(self, entry: Entry) -> None:
         if self.disk is not None and not entry.on_disk and _worth_writing(entry):
-            self.disk.write(
-                entry.tokens, entry.cache, kind=entry.kind, trimmable=entry.trimmable, spilled=True
-            )
+            _write(self.disk, entry, spilled=True)
 
     def flush(self) -> None:
         """Write every RAM entry the disk does not have yet, and wait for the writer."""
@@ -281,13 +277,7 @@ class PromptCache:
             return
         for entry in list(self._entries.values()):
             if not entry.on_disk and _worth_writing(entry):
-                entry.on_disk = disk.write(
-                    entry.tokens,
-                    entry.cache,
-                    kind=entry.kind,
-                    trimmable=entry.trimmable,
-                    spilled=False,
-                )
+                entry.on_disk = _write(disk, entry)
         disk.flush()
 
     def clear(self) -> None:
@@ -325,13 +315,7 @@ class PromptCache:
                 continue
             del self._unwritten[entry_id]
             if entry is not None and not entry.on_disk:
-                entry.on_disk = disk.write(
-                    entry.tokens,
-                    entry.cache,
-                    kind=entry.kind,
-                    trimmable=entry.trimmable,
-                    spilled=False,
-                )
+                entry.on_disk = _write(disk, entry)
 
     # ------------------------------------------------------------ state
 
@@ -359,6 +343,13 @@ class PromptCache:
             disk_corrupt=disk.corrupt if disk is not None else 0,
             disk_write_errors=disk.write_errors if disk is not None else 0,
         )
+
+
+def _write(disk: DiskTier, entry: Entry, *, spilled: bool = False) -> bool:
+    """Hand ``entry`` to the disk tier's writer (:meth:`DiskTier.write`)."""
+    return disk.write(
+        entry.tokens, entry.cache, kind=entry.kind, trimmable=entry.trimmable, spilled=spilled
+    )
 
 
 def _worth_writing(entry: Entry) -> bool:
