@@ -77,14 +77,22 @@ class Server:
         raise TimeoutError(f"{self.name} was not ready after 900 s:\n{self.log_tail()}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        proc = self.proc
+        # The server was gone when the block failed: say how it ended, with its log,
+        # instead of leaving only the client's "connection refused".
+        died = bool(exc) and exc[0] is not None and proc is not None and proc.poll() is not None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
             try:
-                self.proc.wait(60)
+                proc.wait(60)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                proc.kill()
+                proc.wait(10)
         self._log.close()
+        if died and proc is not None:
+            raise RuntimeError(
+                f"{self.name} exited with {proc.returncode} while in use:\n{self.log_tail()}"
+            )
 
     def log_tail(self, n: int = 4000) -> str:
         with contextlib.suppress(OSError):
