@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,21 +33,17 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [5, 17, 42, 99, 7, 120, 3, 64, 88, 19]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.ports import free_port  # noqa: E402  (after ROOT is importable)
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_model(out: Path) -> Path:
     """A random-weight llama big enough that compute is not nothing (about 60M params)."""
-    sys.path.insert(0, str(ROOT))
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes

@@ -192,11 +192,17 @@ def serve_rank0(
     settings: Settings, member: Membership, *, config_path: Path | None, overrides: dict[str, Any]
 ) -> int:
     """A cluster's rank 0: HTTP and the one model, whose engine leads the group."""
+    from mlxd.engine.cluster.join import http_port_clash
     from mlxd.engine.cluster.leader import Leader
 
     assert settings.cluster is not None
     sock = _listen(settings)
     if sock is None:
+        return EXIT_REFUSED
+    clash = http_port_clash(member, settings.server.host, sock.getsockname()[1])
+    if clash is not None:
+        logger.error("cluster: %s", clash)
+        sock.close()
         return EXIT_REFUSED
     record = _record_address(settings, sock, config_path)
     try:

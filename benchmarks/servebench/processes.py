@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +14,22 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.ports import free_port  # noqa: E402  (after ROOT is importable)
+
+__all__ = [
+    "ROOT",
+    "Server",
+    "blas_env",
+    "describe_dtype",
+    "free_port",
+    "mapped_blas_of",
+    "mlxd_config",
+    "resolve_model",
+]
 
 logger = logging.getLogger("bench")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.support.cluster import Cluster, cluster_config, write_hostfile
+from tests.support.ports import free_port
 
 
 def _stream(url: str, model: str, prompt: list[int]) -> dict:
@@ -170,6 +171,19 @@ def test_a_rank_that_never_joins_fails_startup_naming_it(tmp_path, tiny_models):
         port1 = json.loads(hostfile.read_text())[1][0]
         log = c.rank0.log()
         assert "join_timeout (3s)" in log and f"rank 1 at {port1}" in log, log
+    finally:
+        c.stop()
+
+
+def test_a_ring_address_on_rank_0s_http_port_is_refused_at_start(tmp_path, tiny_models):
+    hostfile = tmp_path / "hosts.json"
+    config = cluster_config(tiny_models("llama"), hostfile)
+    c = Cluster(tmp_path, config)
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{c.rank0.port}"]]))
+    c.start(only=[0], wait_ready=False)
+    try:
+        assert c.wait_exit(0, 30) == 2, c.logs()
+        assert "which is the port rank 0 serves HTTP on" in c.rank0.log(), c.rank0.log()
     finally:
         c.stop()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.support.ports import free_port
 
 # Every daemon a test started; any still running when pytest exits is killed,
 # so a failed test never leaves a server behind.
@@ -29,12 +30,6 @@ def _kill_leftovers() -> None:
     for daemon in _STARTED:
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.proc.kill()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Daemon:

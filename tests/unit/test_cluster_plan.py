@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from mlxd.config import ConfigError, load_settings
-from mlxd.engine.cluster.join import ClusterError, membership
+from mlxd.engine.cluster.join import ClusterError, http_port_clash, membership
 from mlxd.engine.cluster.plan import (
+    Collectives,
     Digest,
     Fetch,
     Insert,
@@ -164,3 +165,45 @@ def test_a_plan_that_loads_a_model_never_carries_a_digest():
     plan = decode_plan(Recorder.sent[-1])
     assert plan.seq % DIGEST_EVERY == 0 and isinstance(plan.ops[-1], Load)
     assert plan.digest is False
+
+
+@pytest.mark.parametrize(
+    ("hosts", "http", "clash"),
+    [
+        ([["127.0.0.1:7001"], ["127.0.0.1:8000"]], ("127.0.0.1", 8000), "rank 1"),
+        ([["10.0.0.1:8000"], ["10.0.0.2:7001"]], ("0.0.0.0", 8000), "rank 0"),
+        ([["10.0.0.1:7001"], ["10.0.0.2:8000"]], ("10.0.0.2", 8000), "rank 1"),
+        # Another machine may use the number rank 0 serves HTTP on.
+        ([["10.0.0.1:7001"], ["10.0.0.2:8000"]], ("10.0.0.1", 8000), None),
+        ([["127.0.0.1:7001"], ["127.0.0.1:7002"]], ("127.0.0.1", 8000), None),
+    ],
+)
+def test_a_ring_address_on_rank_0s_http_port_is_refused(tmp_path, monkeypatch, hosts, http, clash):
+    monkeypatch.delenv("MLX_HOSTFILE", raising=False)
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps(hosts))
+    member = membership(
+        load_settings(None, overrides={"cluster": {"hostfile": str(path), "rank": 0}}).cluster
+    )
+    found = http_port_clash(member, *http)
+    if clash is None:
+        assert found is None
+    else:
+        assert found is not None and clash in found and "different ports" in found, found
+
+
+def test_host_names_that_arrive_as_garbage_are_a_cluster_error():
+    """A ring connected to an HTTP server once gathered values past 255: a ValueError that
+    killed rank 0's engine thread, leaving it at 503 for good."""
+
+    class Garbled(Collectives):
+        def __init__(self, rows):
+            self.rows = rows
+
+        def gather(self, values):
+            return self.rows(values)
+
+    names = Garbled(lambda v: [v, v]).gather_text("host-a")
+    assert names == ["host-a", "host-a"]
+    with pytest.raises(ClusterError, match="HTTP port"):
+        Garbled(lambda v: [v, [v[0] + 300, *v[1:]]]).gather_text("host-a")

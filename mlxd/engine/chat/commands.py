@@ -102,3 +102,12 @@ class Order:
 
     command: Command
     future: concurrent.futures.Future[Any]
+
+
+def drain_reason(command: Command) -> str | None:
+    """Why both lanes drain before ``command`` runs (shown in the drain log), or None."""
+    if isinstance(command, Load):
+        return "model_swap"
+    if isinstance(command, Unload):
+        return "model_unload"
+    return None

@@ -35,6 +35,7 @@ from mlxd.engine.chat.commands import (
     StopAccepting,
     Submit,
     Unload,
+    drain_reason,
 )
 from mlxd.engine.chat.core import EngineCore
 from mlxd.engine.chat.enqueue import enqueue
@@ -60,6 +61,8 @@ _WAITING_S = 0.02
 # (benchmarks/README.md, "Where the time goes": 5-8% at 8-16 clients).
 _BURST_QUIET_S = 0.003
 _BURST_MAX_S = 0.020
+# What a request gets once the engine thread has died outside its loop.
+_DEAD = Failed("generation_error", "the engine thread has stopped", 500)
 
 
 class EngineThread:
@@ -134,6 +137,9 @@ class EngineThread:
 
     def submit(self, submit: Submit) -> None:
         """Queue a new request (see :meth:`halt` for why its channel is kept)."""
+        if not self.alive and self._thread.ident is not None:
+            submit.channel.push(_DEAD)
+            return
         with self._channels_lock:
             self._channels[submit.request.id] = submit.channel
         self._inbox.put(submit)
@@ -182,7 +188,12 @@ class EngineThread:
     # ------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        self._hooks.run(self._serve, self.halt)
+        try:
+            self._hooks.run(self._serve, self.halt)
+        except Exception as exc:  # outside the loop (starting, loading): the engine is gone
+            logger.exception("the engine thread failed")
+            self.core.note_error(f"engine thread failed: {exc!r}")
+            self.halt(replace(_DEAD, message=f"{_DEAD.message}: {exc}"))
 
     def _serve(self) -> None:
         core = self.core
@@ -329,7 +340,7 @@ class EngineThread:
                 if not isinstance(exc, Exception):  # a lost cluster ends the thread
                     raise
 
-        reason = _drain_reason(command)
+        reason = drain_reason(command)
         if reason is None:
             run()
         else:
@@ -387,12 +398,3 @@ class EngineThread:
         core.prompt_cache.collect()  # what the disk writer finished since the last step
         hooks = self._hooks
         self.snapshot = build_snapshot(core, state=hooks.state(state), cluster=hooks.status())
-
-
-def _drain_reason(command: Command) -> str | None:
-    """Why both lanes drain before ``command`` runs (shown in the drain log), or None."""
-    if isinstance(command, Load):
-        return "model_swap"
-    if isinstance(command, Unload):
-        return "model_unload"
-    return None

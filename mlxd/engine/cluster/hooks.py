@@ -68,6 +68,10 @@ class LeaderHooks:
         except ClusterError as exc:  # refused at startup: the group cannot form
             logger.error("cluster: %s", exc)
             self._cluster_lost(str(exc), code=2)
+        except Exception as exc:  # outside the engine loop: rank 0 cannot lead any more
+            logger.exception("cluster: rank 0's engine failed")
+            formed = self._leader.state == "ready"
+            self._cluster_lost(f"rank 0's engine failed: {exc!r}", code=3 if formed else 2)
 
     def join(self, settings: Settings, *, optimized_blas: bool) -> None:
         start_leader(self._leader, settings, optimized_blas=optimized_blas)

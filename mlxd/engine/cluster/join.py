@@ -105,6 +105,28 @@ def membership(settings: ClusterSettings) -> Membership:
     return Membership(rank, world, settings.backend, hostfile, addresses, endpoints)
 
 
+# Hosts that always mean this machine, in a hostfile address.
+_THIS_MACHINE = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"})
+
+
+def http_port_clash(member: Membership, host: str, port: int) -> str | None:
+    """Why a hostfile address is rank 0's own HTTP address; None when none is.
+
+    The ring would connect to the HTTP server, whose bytes no rank understands.
+    """
+    for rank, addresses in enumerate(member.endpoints):
+        for address in addresses:
+            ring_host, _, ring_port = address.rpartition(":")
+            ring_host = ring_host.strip("[]")
+            here = rank == member.rank or ring_host in _THIS_MACHINE or ring_host == host
+            if ring_port == str(port) and here:
+                return (
+                    f"the hostfile gives rank {rank} the address {address}, which is the port "
+                    f"rank 0 serves HTTP on: give the ring and HTTP different ports"
+                )
+    return None
+
+
 def check_shardable(path: Path, sharding: str, world: int) -> str:
     """The sharding to use for the model at ``path`` over ``world`` ranks.
 

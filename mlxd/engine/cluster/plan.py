@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from mlxd.engine.cluster.join import ClusterError
 from mlxd.engine.messages import Lane
 
 # ---------------------------------------------------------------- errors
@@ -265,6 +266,11 @@ class Collectives:
         """Every rank's short ``text`` (host names), by rank."""
         raw = text.encode()[:width].ljust(width, b"\0")
         rows = self.gather(list(raw))
+        if any(not 0 <= v < 256 for row in rows for v in row):
+            raise ClusterError(
+                "a rank's host name arrived as garbage: is every hostfile address an mlxd "
+                "rank's, and none of them an HTTP port?"
+            )
         return [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]
 
 
