@@ -288,6 +288,11 @@ class Transaction:
 
 def _drop_rotating(cache: BatchRotatingKVCache, common: int, extra: list[int]) -> None:
     """Drop a sliding-window cache's last ``common + extra[i]`` positions of row ``i``."""
+    if not common and not any(extra):
+        # Nothing to drop. A one-position step (a verify without drafts) may have wrapped
+        # the buffer in place: its cursor is then not its end, and cutting there would
+        # lose the window.
+        return
     if common:
         cache.trim(common)
     keys, values = cache.keys, cache.values
