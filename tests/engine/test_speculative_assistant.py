@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
+from typing import cast
 
 import mlx.core as mx
 import pytest
@@ -109,7 +110,9 @@ def test_the_drafts_equal_mlx_vlms_reference_drafter():
     model, target = loaded.draft, loaded.model
     drafter = AssistantDrafter(model)
     ref = reference.Model(reference.ModelConfig.from_dict(_config(path)))
-    ref.load_weights(list(ref.sanitize(dict(mx.load(str(path / "model.safetensors")))).items()))
+    weights = mx.load(str(path / "model.safetensors"))
+    assert isinstance(weights, dict)
+    ref.load_weights(list(ref.sanitize(weights).items()))
     ref.bind(target)
 
     prompts = [list(range(40, 64)), list(range(70, 81))]  # 24 tokens (window 16) and 11
@@ -117,7 +120,8 @@ def test_the_drafts_equal_mlx_vlms_reference_drafter():
     for tokens in prompts:
         cache = make_prompt_cache(target)
         hidden, logits = model.forward(mx.array([tokens]), cache)
-        solo.append((cache, hidden[:, -1:, :], int(mx.argmax(logits[0, -1]).item())))
+        pending = cast("int", mx.argmax(logits[0, -1]).item())
+        solo.append((cache, hidden[:, -1:, :], pending))
     caches = [cls.merge([c[0][i] for c in solo]) for i, cls in enumerate(_batch_types(solo))]
     batch = SimpleNamespace(
         uids=[0, 1],

@@ -134,9 +134,8 @@ def load_assistant(path: str, loaded: LoadedModel) -> AssistantModel:
     text = dict(config.get("text_config") or {})
     args = _check(path, config, text, target)
     owned = target.num_hidden_layers - target.num_kv_shared_layers
-    layers = {
-        t: max(i for i in range(owned) if target.layer_types[i] == t) for t in set(args.layer_types)
-    }
+    kinds = list(target.layer_types or [])
+    layers = {t: max(i for i in range(owned) if kinds[i] == t) for t in set(args.layer_types or [])}
     module = Gemma4Assistant(
         args, target.hidden_size, bool(config.get("tie_word_embeddings", True))
     )
@@ -193,8 +192,11 @@ def _check(
     args = gemma4_text.ModelArgs.from_dict(
         {**text, "num_kv_shared_layers": n, "hidden_size_per_layer_input": 0}
     )
-    owned = set(target.layer_types[: target.num_hidden_layers - target.num_kv_shared_layers])
-    for kind in set(args.layer_types):
+    kinds = list(args.layer_types or [])
+    owned = set(
+        list(target.layer_types or [])[: target.num_hidden_layers - target.num_kv_shared_layers]
+    )
+    for kind in set(kinds):
         if kind not in _TYPES or kind not in owned:
             raise _refused(path, f"has {kind!r} layers; its target keeps no such cache")
         full = kind == "full_attention"
@@ -211,7 +213,7 @@ def _check(
                 f"attends with {args.num_attention_heads} heads of {mine} on {kind} layers; "
                 f"its target keeps {heads} KV heads of {theirs}",
             )
-    if "sliding_attention" in args.layer_types and args.sliding_window != target.sliding_window:
+    if "sliding_attention" in kinds and args.sliding_window != target.sliding_window:
         raise _refused(
             path,
             f"has a sliding window of {args.sliding_window}, its target {target.sliding_window}",
