@@ -97,15 +97,17 @@ def _assistant(loaded, path):
     return attach_draft(loaded, SpeculativeSettings(mode="draft", draft_model=str(path)))
 
 
-def test_the_drafts_equal_mlx_vlms_reference_drafter():
+@pytest.mark.parametrize("ordered", [False, True], ids=["dense-head", "centroid-head"])
+def test_the_drafts_equal_mlx_vlms_reference_drafter(ordered):
     """Two rows of different lengths (one past the sliding window) in one batch cache: each
-    row's drafts are what mlx-vlm's drafter makes from that row's own cache."""
+    row's drafts are what mlx-vlm's drafter makes from that row's own cache (with the E2B/E4B
+    assistants' centroid-routed head too)."""
     reference = pytest.importorskip("mlx_vlm.speculative.drafters.gemma4_assistant")
     from mlx_lm.models.cache import make_prompt_cache
 
     from mlxd.engine.chat.speculative.assistant import AssistantDrafter
 
-    path = tiny_assistant_dir()
+    path = tiny_assistant_dir(ordered=ordered)
     loaded = _assistant(_loaded(tiny_gemma4_dir()), path)
     model, target = loaded.draft, loaded.model
     drafter = AssistantDrafter(model)
@@ -145,10 +147,10 @@ def test_the_drafts_equal_mlx_vlms_reference_drafter():
         shared_mine = drafter._shared(uid)
         assert shared_mine is not None and shared_mine[1] == len(prompts[uid])
         embeds = model.embed(mx.array([[pending]]))
-        logits, _ = model.module(embeds, last, *shared_mine)
+        h, _ = model.module(embeds, last, *shared_mine)
         at = mx.array([[len(prompts[uid])]])
-        _, ref_logits = ref(mx.concatenate([embeds, last], axis=-1), shared, at)
-        assert mx.allclose(logits, ref_logits, atol=1e-5).item()
+        _, ref_h = ref._forward_hidden(mx.concatenate([embeds, last], axis=-1), shared, at)
+        assert mx.allclose(h, ref_h, atol=1e-5).item()
     # Not current (another pending token, or a length the row no longer has): no draft.
     assert drafter.propose(0, prompts[0], solo[0][2] + 1, 3) == []
     assert drafter.propose(1, prompts[1][:-1], solo[1][2], 3) == []

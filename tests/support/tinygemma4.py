@@ -43,7 +43,7 @@ from tests.support.tinymodels import (
 )
 
 # Bump when a builder below changes what it writes (the cache keys hash this).
-_BUILD = "1"
+_BUILD = "2"
 _SLIDING, _FULL = "sliding_attention", "full_attention"
 _ROPE = {
     _FULL: {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
@@ -92,13 +92,18 @@ def target_config() -> dict[str, Any]:
     }
 
 
-def assistant_config(*, echo: bool = False, **text: Any) -> dict[str, Any]:
-    """The assistant's ``config.json``; ``text`` overrides its ``text_config``."""
+def assistant_config(*, echo: bool = False, ordered: bool = False, **text: Any) -> dict[str, Any]:
+    """The assistant's ``config.json``; ``text`` overrides its ``text_config``.
+
+    ``ordered``: the E2B/E4B assistants' centroid-routed head (8 clusters, the best 2).
+    """
     vocab = _vocab_size()
     return {
         "model_type": "gemma4_assistant",
         "backbone_hidden_size": TARGET["hidden_size"],
-        "use_ordered_embeddings": False,
+        "use_ordered_embeddings": ordered,
+        "num_centroids": 8,
+        "centroid_intermediate_top_k": 2,
         "tie_word_embeddings": True,
         "block_size": 4,
         "text_config": {
@@ -144,7 +149,7 @@ def build_tiny_gemma4(out_dir: Path, *, echo: bool = False) -> Path:
 
 
 def build_tiny_assistant(
-    out_dir: Path, target_dir: Path, *, echo: bool = False, **text: Any
+    out_dir: Path, target_dir: Path, *, echo: bool = False, ordered: bool = False, **text: Any
 ) -> Path:
     from mlx.utils import tree_flatten
     from mlx_lm.models import gemma4_text
@@ -152,12 +157,18 @@ def build_tiny_assistant(
     from mlxd.engine.chat.speculative.assistant_model import Gemma4Assistant
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = assistant_config(echo=echo, **text)
+    config = assistant_config(echo=echo, ordered=ordered, **text)
     n = config["text_config"]["num_hidden_layers"]
     args = gemma4_text.ModelArgs.from_dict({**config["text_config"], "num_kv_shared_layers": n})
-    module = Gemma4Assistant(args, config["backbone_hidden_size"], tied=True)
+    centroids = (config["num_centroids"], config["centroid_intermediate_top_k"])
+    module = Gemma4Assistant(
+        args, config["backbone_hidden_size"], tied=True, centroids=centroids if ordered else None
+    )
     params = dict(tree_flatten(module.parameters()))
-    weights = _random_weights(params, _seeded(f"gemma4-assistant:{echo}:{sorted(text.items())}"))
+    rng = _seeded(f"gemma4-assistant:{echo}:{ordered}:{sorted(text.items())}")
+    weights = _random_weights(params, rng)
+    if ordered:  # each cluster's tokens, as the checkpoint stores them (int64)
+        weights["masked_embedding.token_ordering"] = rng.permutation(args.vocab_size)
     if echo:
         size = TARGET["hidden_size"]
         weights["pre_projection.weight"] = np.concatenate(
@@ -187,10 +198,12 @@ def tiny_gemma4_dir(*, echo: bool = False) -> Path:
     return build_once(final, lambda tmp: build_tiny_gemma4(tmp, echo=echo))
 
 
-def tiny_assistant_dir(*, echo: bool = False, **text: Any) -> Path:
+def tiny_assistant_dir(*, echo: bool = False, ordered: bool = False, **text: Any) -> Path:
     """A cached build of the assistant for :func:`tiny_gemma4_dir` (same ``echo``)."""
     target = tiny_gemma4_dir(echo=echo)
-    config = assistant_config(echo=echo, **text)
+    config = assistant_config(echo=echo, ordered=ordered, **text)
     name = f"gemma4_assistant-{'echo' if echo else 'random'}-{_key(config, target.name)}"
     final = cache_root() / CONTENT_VERSION / name
-    return build_once(final, lambda tmp: build_tiny_assistant(tmp, target, echo=echo, **text))
+    return build_once(
+        final, lambda tmp: build_tiny_assistant(tmp, target, echo=echo, ordered=ordered, **text)
+    )

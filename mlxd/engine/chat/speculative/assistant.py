@@ -88,8 +88,8 @@ class AssistantDrafter:
         hidden = row.hidden[None, None]
         out: list[mx.array] = []
         for _ in range(k):
-            logits, hidden = model.module(embeds, hidden, kv, at)
-            y = mx.argmax(logits[:, -1, :], axis=-1)
+            h, hidden = model.module(embeds, hidden, kv, at)
+            y = model.module.choose(h)[:, -1]
             out.append(y)
             embeds = model.embed(y[:, None])
         mx.eval(out)

@@ -17,8 +17,8 @@ Deeper drafts feed its own token and ``post_projection`` output back, at the
 same position (as Hugging Face's and mlx-vlm's drafters do). mlx-vlm 0.7.10
 ships the reference (``mlx_vlm.speculative.drafters.gemma4_assistant``); this
 port uses mlx-lm's layers so a text model needs no mlx-vlm, and a test holds
-its drafts equal to mlx-vlm's. Not ported: the centroid-routed head of the
-E2B/E4B assistants (``use_ordered_embeddings``), refused at load.
+its drafts equal to mlx-vlm's. The E2B/E4B assistants' centroid-routed head
+(``use_ordered_embeddings``) scores only the tokens of its best clusters.
 """
 
 from __future__ import annotations
@@ -56,29 +56,67 @@ class _Inner(nn.Module):
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
 
+class _Centroids(nn.Module):
+    """The E2B/E4B assistants' centroid-routed head, greedy: the best token among those of
+    the ``top_k`` best-scoring clusters (``token_ordering`` lists each cluster's tokens)."""
+
+    def __init__(self, hidden: int, vocab: int, clusters: int, top_k: int):
+        super().__init__()
+        self.centroids = nn.Linear(hidden, clusters, bias=False)
+        self.token_ordering = mx.zeros((vocab,), dtype=mx.int32)
+        self.clusters, self.top_k = clusters, top_k
+
+    def choose(self, h: mx.array, embed: nn.Module) -> mx.array:
+        top = mx.argpartition(self.centroids(h), kth=-self.top_k, axis=-1)[..., -self.top_k :]
+        ordering = self.token_ordering.reshape(self.clusters, -1)
+        chosen = ordering[top].reshape(*h.shape[:2], -1)  # B, L, top_k x tokens per cluster
+        scores = (h[..., None, :] @ embed(chosen).swapaxes(-1, -2)).squeeze(-2)
+        best = mx.argmax(scores, axis=-1)[..., None]
+        return mx.take_along_axis(chosen, best, axis=-1).squeeze(-1)
+
+
 class Gemma4Assistant(nn.Module):
     """The assistant's module, in its checkpoint's layout (``model.*``, the projections)."""
 
-    def __init__(self, args: gemma4_text.ModelArgs, backbone: int, tied: bool):
+    def __init__(
+        self,
+        args: gemma4_text.ModelArgs,
+        backbone: int,
+        tied: bool,
+        centroids: tuple[int, int] | None = None,
+    ):
         super().__init__()
         self.model = _Inner(args)
         self.pre_projection = nn.Linear(2 * backbone, args.hidden_size, bias=False)
         self.post_projection = nn.Linear(args.hidden_size, backbone, bias=False)
         if not tied:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if centroids is not None:
+            self.masked_embedding = _Centroids(args.hidden_size, args.vocab_size, *centroids)
 
     def __call__(
         self, embeds: mx.array, hidden: mx.array, kv: dict[str, tuple[mx.array, mx.array]], at: int
     ) -> tuple[mx.array, mx.array]:
-        """(logits, the next step's hidden) for ``embeds`` and ``hidden`` at position ``at``."""
+        """(what the head reads, the next step's hidden) for ``embeds`` and ``hidden`` at
+        position ``at``."""
         h = self.pre_projection(mx.concatenate([embeds, hidden], axis=-1))
         for layer in self.model.layers:
             h, _, _ = layer(
                 h, None, None, per_layer_input=None, shared_kv=kv[layer.layer_type], offset=at
             )
         h = self.model.norm(h)
+        return h, self.post_projection(h)
+
+    def logits(self, h: mx.array) -> mx.array:
+        """The full-vocabulary head (the tied embedding, or ``lm_head``)."""
         head = self.lm_head if "lm_head" in self else self.model.embed_tokens.as_linear
-        return head(h), self.post_projection(h)
+        return head(h)
+
+    def choose(self, h: mx.array) -> mx.array:
+        """The greedy token at each position of ``h`` (B x L)."""
+        if "masked_embedding" in self:
+            return self.masked_embedding.choose(h, self.model.embed_tokens)
+        return mx.argmax(self.logits(h), axis=-1)
 
 
 @dataclass
@@ -136,8 +174,11 @@ def load_assistant(path: str, loaded: LoadedModel) -> AssistantModel:
     owned = target.num_hidden_layers - target.num_kv_shared_layers
     kinds = list(target.layer_types or [])
     layers = {t: max(i for i in range(owned) if kinds[i] == t) for t in set(args.layer_types or [])}
+    centroids = None
+    if config.get("use_ordered_embeddings"):
+        centroids = (int(config["num_centroids"]), int(config["centroid_intermediate_top_k"]))
     module = Gemma4Assistant(
-        args, target.hidden_size, bool(config.get("tie_word_embeddings", True))
+        args, target.hidden_size, bool(config.get("tie_word_embeddings", True)), centroids
     )
     weights: dict[str, mx.array] = {}
     for file in sorted(where.glob("*.safetensors")):
@@ -145,6 +186,9 @@ def load_assistant(path: str, loaded: LoadedModel) -> AssistantModel:
         assert isinstance(part, dict)
         weights.update(part)
     weights = {k: v for k, v in weights.items() if _kept(k, "lm_head" in module)}
+    if "masked_embedding.token_ordering" in weights:  # int64 in the checkpoint
+        ordering = weights["masked_embedding.token_ordering"]
+        weights["masked_embedding.token_ordering"] = ordering.astype(mx.int32)
     quantization = config.get("quantization")
     try:
         if quantization:
@@ -174,9 +218,20 @@ def _check(
 ) -> gemma4_text.ModelArgs:
     """The assistant's layer arguments, once its config is known to fit ``target``."""
     if config.get("use_ordered_embeddings"):
-        raise _refused(
-            path, "has a centroid-routed head (use_ordered_embeddings), not supported yet"
-        )
+        clusters, top = config.get("num_centroids"), config.get("centroid_intermediate_top_k")
+        vocab = text.get("vocab_size")
+        if not (
+            isinstance(clusters, int)
+            and isinstance(top, int)
+            and isinstance(vocab, int)
+            and 0 < top <= clusters
+            and vocab % clusters == 0
+        ):
+            raise _refused(
+                path,
+                f"has a centroid-routed head this build cannot run ({clusters} clusters, "
+                f"top {top}, vocabulary {vocab})",
+            )
     backbone = config.get("backbone_hidden_size")
     if backbone != target.hidden_size:
         raise _refused(path, f"is for a target of hidden size {backbone}, not {target.hidden_size}")
