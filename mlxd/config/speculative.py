@@ -46,8 +46,9 @@ class SpeculativeSettings(Section):
     draft_model: str | None = _field(
         None,
         "swap",
-        'mode = "draft": a local model directory with the same tokenizer, loaded with its '
-        "target (a change reloads the model).",
+        'mode = "draft": a local model directory with the same tokenizer, or a Gemma 4 '
+        "assistant directory for a Gemma 4 target, loaded with its target (a change reloads "
+        "the model).",
     )
     saturation_tokens: int | None = _field(
         None,

@@ -25,6 +25,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from mlxd.config import SpeculativeSettings
 from mlxd.engine.chat.loading import LoadedModel, ModelLoadError
+from mlxd.engine.chat.speculative.assistant_model import is_assistant, load_assistant
 from mlxd.engine.weights import nbytes
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,10 @@ def attach_draft(loaded: LoadedModel, settings: SpeculativeSettings) -> LoadedMo
     path = wanted_draft(settings)
     if path is None:
         return loaded
-    draft = load_draft(path, loaded.tokenizer)
+    if is_assistant(path):  # a Gemma 4 assistant drafts from the target's state (.assistant)
+        draft = load_assistant(path, loaded)
+    else:
+        draft = load_draft(path, loaded.tokenizer)
     weights = loaded.weights_bytes + draft.weights_bytes
     info = replace(loaded.info, weights_bytes=loaded.info.weights_bytes + draft.weights_bytes)
     logger.info("loaded the draft model %s: %d MiB", path, draft.weights_bytes // 2**20)

@@ -23,7 +23,9 @@ Per cache family (``CacheList`` parts each their own way):
   still has its whole window. Then the same trim and roll as above, and the
   buffer is cut to the cursor: mlx-lm's ``trim`` only moves the cursor, and
   the next one-token update treats the whole buffer as the window, which
-  would expose the dropped keys.
+  would expose the dropped keys. A one-position step (a verify without
+  drafts) drops nothing and is left as its update left it: it may have
+  wrapped the buffer in place, its cursor short of the end.
 - ``ArraysCache`` of the recurrent layers of Qwen3-Next and Qwen3.5
   (gated delta) and Mamba-2 and Falcon-H1 (SSM): a state cannot drop
   positions, so the forward records every position's state and the commit
@@ -288,6 +290,11 @@ class Transaction:
 
 def _drop_rotating(cache: BatchRotatingKVCache, common: int, extra: list[int]) -> None:
     """Drop a sliding-window cache's last ``common + extra[i]`` positions of row ``i``."""
+    if not common and not any(extra):
+        # Nothing to drop. A one-position step (a verify without drafts) may have wrapped
+        # the buffer in place: its cursor is then not its end, and cutting there would
+        # lose the window.
+        return
     if common:
         cache.trim(common)
     keys, values = cache.keys, cache.values

@@ -21,6 +21,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 
 from mlxd.config import SpeculativeSettings
+from mlxd.engine.chat.speculative.assistant import AssistantDrafter
+from mlxd.engine.chat.speculative.assistant_model import AssistantModel
 from mlxd.engine.chat.speculative.constrained import cut, may_speculate
 from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel
 from mlxd.engine.chat.speculative.lookup import NgramIndex
@@ -57,7 +59,11 @@ class SpecTally:
 class Speculator:
     """One batch lane's speculation: settings, per-row n-gram indexes, acceptance, tallies."""
 
-    def __init__(self, settings: SpeculativeSettings, draft: DraftModel | MtpHead | None = None):
+    def __init__(
+        self,
+        settings: SpeculativeSettings,
+        draft: DraftModel | AssistantModel | MtpHead | None = None,
+    ):
         self.settings = settings
         self.acceptance = Acceptance()
         self.depth = 0
@@ -71,7 +77,14 @@ class Speculator:
         self.rows: Mapping[int, Any] = {}
         self.eos: frozenset[int] = frozenset()
         # mode = "draft": the draft model loaded with the target (None: nothing to draft with).
-        self._drafter = Drafter(draft) if isinstance(draft, DraftModel) else None
+        # A Gemma 4 assistant (.assistant) drafts from the verify pass's hidden states, as MTP does.
+        self._drafter: Drafter | AssistantDrafter | None = (
+            Drafter(draft)
+            if isinstance(draft, DraftModel)
+            else AssistantDrafter(draft)
+            if isinstance(draft, AssistantModel)
+            else None
+        )
         # mode = "mtp": the target's MTP head, loaded with it (mlxd.engine.chat.speculative.mtp).
         self._mtp = MtpDrafter(draft) if isinstance(draft, MtpHead) else None
         # The cost model's prior when the config leaves saturation_tokens unset.
@@ -131,6 +144,9 @@ class Speculator:
             return self._plain(width, plain)
         pending = pending_tokens(batch)
         started = time.perf_counter()
+        assistant = self._drafter if isinstance(self._drafter, AssistantDrafter) else None
+        if assistant is not None:
+            assistant.attend(batch)
         drafts: list[list[int]] = [[] for _ in batch.uids]
         asked = False
         for i in rows:
@@ -140,7 +156,9 @@ class Speculator:
                 draft = self._draft(batch.uids[i], batch.tokens[i], pending[i], min(depth, room))
                 drafts[i] = cut(lane[i], self.eos, pending[i], draft)
         self._forget(batch.uids)
-        mtp = self._mtp if settings.mode == "mtp" else None
+        mtp = (
+            self._mtp if settings.mode == "mtp" else assistant if settings.mode == "draft" else None
+        )
         # MTP rows draft from the hidden state a verify step keeps: get it when none has one.
         if not any(drafts) and (mtp is None or not asked):
             self.acceptance.record(0, 0)
