@@ -39,7 +39,7 @@ def daemon(apps, tiny_models):
         "whisper": {"kind": "transcription", "path": str(tiny_whisper_dir(talkative=True))},
     }
     return apps.get(
-        toml_config(models=models, limits={"audio_seconds": 120.0, "audio_bytes": "4MiB"})
+        toml_config(models=models, limits={"audio_seconds": 80.0, "audio_bytes": "3MiB"})
     )
 
 
@@ -121,7 +121,7 @@ def test_a_stream_whose_client_leaves_stops_at_the_next_window(daemon, monkeypat
     windows = Windows(monkeypatch, hold_at=2)
     client = daemon.openai()
     stream = client.audio.transcriptions.create(
-        model="whisper", file=("a.wav", noise_wav(90.0)), stream=True
+        model="whisper", file=("a.wav", noise_wav(70.0)), stream=True
     )
     first = next(iter(stream))  # window 1's text, sent as window 2 begins
     assert first.type == "transcript.text.delta" and first.delta
@@ -131,7 +131,7 @@ def test_a_stream_whose_client_leaves_stops_at_the_next_window(daemon, monkeypat
     assert isinstance(after.text, str)
     assert windows.cancelled == [True]
     counts = windows.per_job()
-    assert counts[0] == 2 and len(counts) == 2, counts  # 90 s: window 3 never began
+    assert counts[0] == 2 and len(counts) == 2, counts  # 70 s: window 3 never began
 
 
 def test_an_unstreamed_upload_whose_client_leaves_stops_at_the_next_window(
@@ -141,7 +141,7 @@ def test_an_unstreamed_upload_whose_client_leaves_stops_at_the_next_window(
     request = httpx.Request(
         "POST",
         f"{daemon.url}/v1/audio/transcriptions",
-        files={"file": ("a.wav", noise_wav(90.0))},
+        files={"file": ("a.wav", noise_wav(SECONDS))},
         data={"model": "whisper"},
     )
     body = request.read()
@@ -159,4 +159,4 @@ def test_an_unstreamed_upload_whose_client_leaves_stops_at_the_next_window(
     assert isinstance(after.text, str)
     assert windows.cancelled == [True]
     counts = windows.per_job()
-    assert counts[0] == 1 and len(counts) == 2, counts
+    assert counts[0] == 1 and len(counts) == 2, counts  # window 2 never began
