@@ -36,6 +36,7 @@ def daemon(apps, tiny_models, tiny_tts_model):
         "main": {"key": MAIN},
         "chat_only": {"key": "sk-chat-only", "models": ["chat"]},
         "one_a_minute": {"key": "sk-one", "requests_per_minute": 1},
+        "few_tokens": {"key": "sk-tokens", "tokens_per_minute": 5},
     }
     return apps.get(toml_config(models=models, keys=keys, limits={"speech_chars": 200}))
 
@@ -141,6 +142,31 @@ def test_models_stats_metrics(daemon, caplog) -> None:
     assert 'mlxd_embedding_requests_total{model="voice",outcome="served"}' in metrics
     assert 'mlxd_speech_audio_seconds_total{model="voice"}' in metrics
     assert '<code>voice</code> <span class="badge kind-speech">speech</span>' in panel
+
+
+def test_usage_counts_the_text_read_in_stats_and_the_key_quota(daemon, tiny_tts_model) -> None:
+    from transformers import AutoTokenizer
+
+    text = "Hello there."
+    read = len(AutoTokenizer.from_pretrained(str(tiny_tts_model)).encode(text))
+
+    def input_tokens() -> int:
+        with daemon.client(headers={"Authorization": f"Bearer {MAIN}"}) as http:
+            stats = {m["id"]: m for m in http.get("/stats").json()["fleet"]["models"]}
+        return stats["voice"]["engine"]["input_tokens"]
+
+    before = input_tokens()
+    sse = speak(daemon, "sk-tokens", input=text, response_format="pcm", stream_format="sse")
+    assert sse.status_code == 200, sse.text
+    done = json.loads([x for x in sse.text.splitlines() if x.startswith("data: ")][-1][6:])
+    usage = done["usage"]
+    assert usage["input_tokens"] == read > 0 and usage["output_tokens"] == 4
+    assert usage["total_tokens"] == read + 4
+    assert input_tokens() == before + read
+    # 16 tokens spent of the key's 5 a minute: its next request is refused.
+    refused = speak(daemon, "sk-tokens", input="Hi.", response_format="pcm")
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
 
 
 @pytest.mark.parametrize(

@@ -39,3 +39,32 @@ def test_refuse_fail_to_load_stop(tmp_path: Path) -> None:
     engine.submit(job(events))
     stopped = events.get(timeout=1)
     assert isinstance(stopped, Failed) and stopped.code == "shutting_down"
+
+
+class _Words:
+    """A text tokenizer of the Hugging Face shape: one token per word."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert not add_special_tokens  # the text alone, without the model's markers
+        return list(range(len(text.split())))
+
+
+class _Phonemes:
+    """Not a text tokenizer: its encode takes other arguments (a phoneme vocabulary)."""
+
+    def encode(self, phonemes: list[str]) -> list[int]:
+        return [0] * len(phonemes)
+
+
+def test_input_tokens_are_the_models_tokens_else_characters() -> None:
+    from types import SimpleNamespace
+
+    from mlxd.engine.speech.loading import LoadedSpeaker, input_tokens
+
+    def speaker(tokenizer: object) -> LoadedSpeaker:
+        return LoadedSpeaker(SimpleNamespace(tokenizer=tokenizer), None)  # type: ignore[arg-type]
+
+    text = "Hello there, river."
+    assert input_tokens(speaker(_Words()), text) == 3
+    assert input_tokens(speaker(None), text) == len(text)  # Kokoro: no text tokenizer
+    assert input_tokens(speaker(_Phonemes()), text) == len(text)

@@ -1,12 +1,16 @@
 """The streamed transcript's pieces (mlxd/engine/transcription/windows.py, issue 37): each new
 piece sent once, split characters and trailing spaces held back, the pieces joining to the
-final text; the window hook reads the text so far from a generate shaped like mlx-audio's."""
+final text; the window hook reads the text so far from a generate shaped like mlx-audio's
+and stops it before the next window once the request is cancelled."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from mlxd.engine.transcription.windows import TextSoFar, per_window
+import pytest
+
+from mlxd.engine.transcription.windows import Stopped, TextSoFar, per_window
 
 
 def test_pieces_join_to_the_final_text() -> None:
@@ -67,3 +71,19 @@ def test_the_hook_sends_each_window_before_the_next_is_decoded() -> None:
     assert model.calls == [[], ["w1"], ["w1", " w2"]]
     assert "".join(model.sent) == final == "w1 w2 w3"
     assert "decode" not in vars(model)  # the hook is gone after the block
+
+
+def test_a_cancelled_request_stops_before_the_next_window() -> None:
+    model = _Whisper()
+    cancelled = threading.Event()
+    real = model.decode
+
+    def decode(segment: Any, options: Any) -> list[int]:
+        if segment == 2:
+            cancelled.set()  # the client leaves during window 2
+        return real(segment, options)
+
+    model.decode = decode
+    with pytest.raises(Stopped), per_window(model, None, cancelled):
+        model.generate([1, 2, 3, 4])
+    assert len(model.calls) == 2  # windows 3 and 4 never began

@@ -13,6 +13,10 @@ OpenAI has it), ``text``, ``srt``, ``vtt`` or ``verbose_json``. With
 transcript stream: server-sent events ``transcript.text.delta`` as each
 window of the upload is decoded, then one ``transcript.text.done`` whose
 ``text`` is the deltas joined (and what the request answers unstreamed).
+
+A client that leaves, streamed or not, cancels its upload: the engine skips
+it if it still waits, else stops before the next 30 s window (Whisper), and
+the model is free for the next one.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -105,9 +110,14 @@ async def serve_audio(request: Request, state: AppState, task: str) -> Response[
         return await _stream(request, state, form.model, job, headers)
     async with held(state, form.model, "transcription", request=request) as lease:
         note.model = lease.id
-        result = await asyncio.wrap_future(lease.engine.submit(job))
+        future = lease.engine.submit(job)
+        with _watched(request, job):
+            result = await asyncio.wrap_future(future)
     if isinstance(result, Failed):
-        note.error = result.code
+        if result.code == "cancelled":
+            note.cancelled(0)
+        else:
+            note.error = result.code
         raise OpenAIError.from_failed(result)
     assert isinstance(result, Transcript)
     note.generated = sum(len(s.tokens) for s in result.segments)
@@ -139,15 +149,23 @@ async def _stream(
         note.model = lease.id
         future = lease.engine.submit(replace(job, on_text=put))
         future.add_done_callback(lambda f: put(f.result()))
-        first = await queue.get()
+        with _watched(request, job):
+            first = await queue.get()
     if isinstance(first, Failed):
         lease.release()
-        note.error = first.code
+        if first.code == "cancelled":
+            note.cancelled(0)
+        else:
+            note.error = first.code
         raise OpenAIError.from_failed(first)
 
     def release(_: object = None) -> None:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(lease.release)
+
+    def ended() -> None:
+        job.cancelled.set()  # a no-op once done; else the engine stops at its next window
+        future.add_done_callback(release)  # at once when done; else when the engine is
 
     async def events() -> AsyncIterator[bytes]:
         item = first
@@ -162,9 +180,33 @@ async def _stream(
             note.generated = sum(len(s.tokens) for s in item.segments)
             yield _sse({"type": "transcript.text.done", "text": item.text})
         finally:
-            future.add_done_callback(release)  # at once when done; else when the engine is
+            if not future.done():
+                note.cancelled(0)
+            ended()
 
-    return Stream(events(), media_type="text/event-stream", headers=headers)
+    body = events()
+    # A stream the client left before its first byte is never iterated: stop it then.
+    weakref.finalize(body, ended)
+    return Stream(body, media_type="text/event-stream", headers=headers)
+
+
+@contextlib.contextmanager
+def _watched(request: Request, job: TranscriptionJob) -> Iterator[None]:
+    """While the block awaits the engine, a client that leaves sets ``job.cancelled``."""
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+async def _watch_disconnect(request: Request, job: TranscriptionJob) -> None:
+    """Set ``job.cancelled`` when the client goes away (the body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancelled.set()
+            return
 
 
 def _sse(event: dict[str, Any]) -> bytes:

@@ -9,8 +9,10 @@ the engine makes the first segment before the first byte, so a model that
 cannot speak still gets an error answer; then the audio streams in
 ``response_format`` (chunked transfer) one generated segment at a time, or,
 with ``stream_format: "sse"``, as OpenAI's ``speech.audio.delta`` events
-(base64) and one ``speech.audio.done``. The lease is held until the last
-byte; a client that leaves stops the generation at the next segment.
+(base64) and one ``speech.audio.done`` whose ``usage`` counts the text's
+tokens read (``input_tokens``) and the audio tokens made; both count in the
+key's ``tokens_per_minute`` when the speech is done. The lease is held until
+the last byte; a client that leaves stops the generation at the next segment.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import asyncio
 import base64
 import json
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -28,6 +30,7 @@ from litestar import Controller, Request, Response, post
 from litestar.response import Stream
 
 from mlxd.api.http.body import read_body
+from mlxd.api.http.caller import caller_of
 from mlxd.api.http.decode import IGNORED_HEADER, decode_parameters
 from mlxd.api.http.errors import OpenAIError
 from mlxd.api.http.requestlog import Note, note_of
@@ -170,11 +173,17 @@ async def serve_speech(request: Request, state: AppState) -> Response[Any]:
         known = headers.get(IGNORED_HEADER)
         headers[IGNORED_HEADER] = ", ".join([*([known] if known else []), *ignored])
     headers["Cache-Control"] = "no-cache"
+    caller = caller_of(request.scope)
+
+    def spend(tokens: int) -> None:  # the key's tokens_per_minute, as a chat request's
+        if caller.spends_quota:
+            state.quotas.spend(caller.who, tokens)
+
     if req.stream_format == "sse":
-        stream = _sse(events, note)
+        stream = _sse(events, note, spend)
         media_type = "text/event-stream"
     else:
-        stream = _audio(events, note)
+        stream = _audio(events, note, spend)
         media_type = SPEECH_MEDIA_TYPES[req.response_format]
     body_out = _held(stream, job, lease.release)
     # A stream the client left before its first byte is never iterated: release then.
@@ -203,9 +212,11 @@ async def _held(stream: AsyncIterator[bytes], job: SpeechJob, release: Any) -> A
         release()
 
 
-async def _audio(events: asyncio.Queue[Any], note: Note) -> AsyncIterator[bytes]:
+async def _audio(
+    events: asyncio.Queue[Any], note: Note, spend: Callable[[int], None]
+) -> AsyncIterator[bytes]:
     """The encoded audio as it comes; a failure mid-way ends it short."""
-    async with aclosing(_outcomes(events, note)) as outcomes:
+    async with aclosing(_outcomes(events, note, spend)) as outcomes:
         async for event in outcomes:
             if isinstance(event, SpeechAudio):
                 yield event.data
@@ -213,17 +224,19 @@ async def _audio(events: asyncio.Queue[Any], note: Note) -> AsyncIterator[bytes]
                 yield event.tail
 
 
-async def _sse(events: asyncio.Queue[Any], note: Note) -> AsyncIterator[bytes]:
+async def _sse(
+    events: asyncio.Queue[Any], note: Note, spend: Callable[[int], None]
+) -> AsyncIterator[bytes]:
     """OpenAI's speech stream: ``speech.audio.delta`` per piece, then ``speech.audio.done``."""
-    async with aclosing(_outcomes(events, note)) as outcomes:
+    async with aclosing(_outcomes(events, note, spend)) as outcomes:
         async for event in outcomes:
             if isinstance(event, SpeechAudio):
                 yield _event({"type": "speech.audio.delta", "audio": _b64(event.data)})
             elif isinstance(event, SpeechDone):
                 if event.tail:
                     yield _event({"type": "speech.audio.delta", "audio": _b64(event.tail)})
-                usage = {"input_tokens": 0, "output_tokens": event.tokens}
-                usage["total_tokens"] = event.tokens
+                usage = {"input_tokens": event.input_tokens, "output_tokens": event.tokens}
+                usage["total_tokens"] = event.input_tokens + event.tokens
                 yield _event({"type": "speech.audio.done", "usage": usage})
             else:
                 error = {"message": event.message, "type": "server_error", "code": event.code}
@@ -231,10 +244,11 @@ async def _sse(events: asyncio.Queue[Any], note: Note) -> AsyncIterator[bytes]:
 
 
 async def _outcomes(
-    events: asyncio.Queue[Any], note: Note
+    events: asyncio.Queue[Any], note: Note, spend: Callable[[int], None]
 ) -> AsyncGenerator[SpeechAudio | SpeechDone | Failed, None]:
     """The engine's events after the start, up to the last (done or failed), noted for the
-    request log; a client gone before the last is noted as cancelled."""
+    request log and, when done, its tokens spent; a client gone before the last is noted
+    as cancelled."""
     ended = False
     try:
         while True:
@@ -242,6 +256,7 @@ async def _outcomes(
             if isinstance(event, SpeechDone):
                 ended = True
                 note.generated = event.tokens
+                spend(event.input_tokens + event.tokens)
             elif isinstance(event, Failed):
                 ended = True
                 note.error = event.code

@@ -12,7 +12,8 @@ per generated segment (:class:`~mlxd.engine.audio.encode.Encoder`, on this
 thread), then done, or a ``Failed``. :meth:`snapshot` is a
 :class:`~mlxd.engine.speech.messages.SpeechSnapshot`, read by ``/stats`` and
 ``/metrics`` as an embedding model's counts (inputs = texts spoken, tokens =
-audio tokens, forward passes = segments) plus the audio seconds made.
+audio tokens, forward passes = segments) plus the audio seconds made and the
+texts' characters and tokens read.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class SpeechEngine(AudioWorker["LoadedSpeaker", SpeechInfo, SpeechSnapshot, Spee
 
     def _handle(self, job: SpeechJob) -> None:
         from mlxd.engine.audio.encode import Encoder
-        from mlxd.engine.speech.loading import segments
+        from mlxd.engine.speech.loading import input_tokens, segments
 
         loaded = self._loaded
         if loaded is None:
@@ -110,8 +111,11 @@ class SpeechEngine(AudioWorker["LoadedSpeaker", SpeechInfo, SpeechSnapshot, Spee
             self._fail(job, Failed("generation_error", f"speech failed: {exc}", 500))
             return
         seconds = samples / info.sample_rate if info.sample_rate else 0.0
-        self._served(tokens, parts, audio_seconds=seconds, characters=len(job.text))
-        job.deliver(SpeechDone(seconds=seconds, tokens=tokens, tail=tail))
+        read = input_tokens(loaded, job.text)
+        self._served(
+            tokens, parts, audio_seconds=seconds, characters=len(job.text), input_tokens=read
+        )
+        job.deliver(SpeechDone(seconds=seconds, tokens=tokens, tail=tail, input_tokens=read))
 
 
 def _cannot_speak(model_id: str, exc: Exception) -> Failed:

@@ -132,3 +132,18 @@ def segments(
             audio = np.array(audio.astype(mx.float32))
         samples = np.asarray(audio, dtype=np.float32).reshape(-1)
         yield samples, int(getattr(result, "token_count", 0) or 0)
+
+
+def input_tokens(loaded: LoadedSpeaker, text: str) -> int:
+    """What the model reads of ``text``: the tokens its own text tokenizer makes of it
+    (without the model's prompt markers), or its characters for a model without one
+    (Kokoro and KittenTTS read phonemes made by a phonemizer, not tokens)."""
+    tokenizer = getattr(loaded.model, "tokenizer", None)
+    encode: Any = getattr(tokenizer, "encode", None)
+    if callable(encode):
+        try:
+            tokens: Any = encode(text, add_special_tokens=False)
+            return len(tokens)
+        except Exception:  # a tokenizer of another shape: fall back to characters
+            pass
+    return len(text)

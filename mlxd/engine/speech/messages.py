@@ -39,6 +39,7 @@ class SpeechSnapshot(EmbeddingSnapshot):
 
     audio_seconds: float = 0.0
     characters: int = 0
+    input_tokens: int = 0  # the texts' tokens (loading.input_tokens: tokens, else characters)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class SpeechDone:
     seconds: float  # audio made (before the speed change)
     tokens: int  # audio tokens the model generated (0 when it does not say)
     tail: bytes = b""  # the encoder's last bytes
+    # The text's tokens by the model's own tokenizer, else its characters (loading.input_tokens).
+    input_tokens: int = 0
 
 
 SpeechEvent = SpeechStarted | SpeechAudio | SpeechDone | Failed

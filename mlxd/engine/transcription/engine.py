@@ -12,7 +12,9 @@ the unit of work; requests queue behind each other). Other threads only
 :class:`~mlxd.engine.embeddings.messages.EmbeddingSnapshot` whose counts are
 uploads (``inputs_embedded``), tokens generated (``tokens_embedded``) and
 model calls (``forward_passes``), so ``/stats`` and ``/metrics`` read it as
-they read an embedding model's.
+they read an embedding model's. A job whose ``cancelled`` the route set (its
+client left) is skipped if it has not begun, and a Whisper decode stops
+before its next 30 s window; either fails it ``cancelled`` (499).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mlxd.engine.audio.worker import AudioWorker, resolve
 from mlxd.engine.embeddings.messages import EmbeddingInfo, EmbeddingSnapshot
 from mlxd.engine.messages import Failed
 from mlxd.engine.transcription.messages import Transcribed, TranscriptionJob
+from mlxd.engine.transcription.windows import Stopped
 
 if TYPE_CHECKING:
     from mlxd.engine.transcription.loading import LoadedTranscriber
@@ -89,8 +92,14 @@ class TranscriptionEngine(
             param, message = refused
             self._fail(job, Failed("invalid_value", message, 400, param=param))
             return
+        if job.request.cancelled.is_set():  # its client left while it waited
+            self._fail(job, _gone())
+            return
         try:
             transcript, tokens = transcribe(loaded, job.request)
+        except Stopped:
+            self._fail(job, _gone())
+            return
         except Exception as exc:
             logger.exception("transcription failed")
             message = f"transcription failed: {type(exc).__name__}: {exc}"
@@ -98,6 +107,10 @@ class TranscriptionEngine(
             return
         self._served(tokens, 1)
         resolve(job.future, transcript)
+
+
+def _gone() -> Failed:
+    return Failed("cancelled", "the client went away", 499)
 
 
 __all__ = ["TranscriptionEngine"]

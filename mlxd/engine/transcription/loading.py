@@ -12,7 +12,6 @@ context, ``dimensions`` 0).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -88,7 +87,11 @@ def refusal(loaded: LoadedTranscriber, job: TranscriptionJob) -> tuple[str, str]
 
 
 def transcribe(loaded: LoadedTranscriber, job: TranscriptionJob) -> tuple[Transcript, int]:
-    """Run ``job`` to the end; the transcript and the tokens generated."""
+    """Run ``job`` to the end; the transcript and the tokens generated.
+
+    A Whisper model raises :class:`~mlxd.engine.transcription.windows.Stopped`
+    before the next window once ``job.cancelled`` is set; other models run to the end.
+    """
     import mlx.core as mx
 
     from mlxd.engine.transcription.windows import TextSoFar, per_window
@@ -96,7 +99,7 @@ def transcribe(loaded: LoadedTranscriber, job: TranscriptionJob) -> tuple[Transc
     audio = mx.array(job.samples)
     so_far = TextSoFar(job.on_text) if job.on_text is not None else None
     if loaded.whisper:
-        with per_window(loaded.model, so_far) if so_far else contextlib.nullcontext():
+        with per_window(loaded.model, so_far, job.cancelled):
             out = loaded.model.generate(
                 audio,
                 task=job.task,

@@ -2,13 +2,15 @@
 
 A request carries decoded samples (:mod:`mlxd.engine.audio.decode`) and the
 OpenAI form's options (and, streamed, a callback for the text as it
-comes); its outcome is a
+comes), and an event the route sets when its client leaves (the engine stops
+before the next window); its outcome is a
 :class:`~mlxd.engine.audio.transcript.Transcript` or the engine's
 :class:`~mlxd.engine.messages.Failed`, never an exception.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +34,9 @@ class TranscriptionJob:
     # stream=true: called on the engine's thread with each new piece of the text
     # (see mlxd.engine.transcription.windows); their concatenation is the text.
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
+    # Set by the route when its client has gone: a queued job is skipped, a running
+    # one stops before its next window (mlxd.engine.transcription.windows).
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
 # What a request's future resolves to.
