@@ -1,6 +1,8 @@
-"""``[speculative] mode = "mtp"``: a GLM-4.5 model drafts with the MTP layer of its checkpoint.
+"""``[speculative] mode = "mtp"``: a GLM-4.5 or DeepSeek-V3 model drafts with the MTP layer
+of its checkpoint.
 
-A tiny random ``glm4_moe`` carries an MTP layer (tests/support/tinymtp.py):
+A tiny random ``glm4_moe`` (or ``glm4_moe_lite``, ``deepseek_v3``) carries an MTP layer
+(tests/support/tinymtp.py):
 with random weights its drafts are mostly rejected (the mechanics run and
 greedy output must not change); its "echo" variant is a bigram model whose
 MTP layer predicts what the target will choose, so drafts are accepted.
@@ -9,6 +11,7 @@ MTP layer predicts what the target will choose, so drafts are accepted.
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 from types import SimpleNamespace
 
@@ -68,8 +71,9 @@ def waves(model_dir, mode: str):
 @pytest.mark.parametrize(
     ("family", "echo"),
     # glm4_moe's echo variant runs in tests/http/test_speculative_mtp.py.
-    [("glm4_moe", False), ("glm4_moe_lite", True)],  # glm4_moe_lite: MLA attention
-    ids=["glm4_moe-random", "glm4_moe_lite-echo"],
+    # glm4_moe_lite and deepseek_v3: MLA attention.
+    [("glm4_moe", False), ("glm4_moe_lite", True), ("deepseek_v3", False), ("deepseek_v3", True)],
+    ids=["glm4_moe-random", "glm4_moe_lite-echo", "deepseek_v3-random", "deepseek_v3-echo"],
 )
 def test_greedy_output_with_the_mtp_head_equals_speculation_off(family, echo):
     model_dir = tiny_mtp_dir(family, echo=echo)
@@ -124,8 +128,19 @@ def test_a_model_without_an_mtp_head_is_refused_naming_it(tiny_models, tmp_path)
     assert isinstance(arrays, dict)
     del arrays["model.layers.2.eh_proj.weight"]
     mx.save_safetensors(str(broken / "model.safetensors"), arrays)
+    bare_deepseek = tiny_mtp_dir("deepseek_v3", with_mtp=False)
+    kimi = tmp_path / "kimi-k2"  # DeepSeek-V3's architecture, no MTP layer, its own name
+    no_nextn = tmp_path / "no-nextn"
+    for copy, config in ((kimi, {"model_type": "kimi_k2"}), (no_nextn, {})):
+        shutil.copytree(bare_deepseek, copy)
+        written = json.loads((copy / "config.json").read_text())
+        written.update(config, num_nextn_predict_layers=0)
+        (copy / "config.json").write_text(json.dumps(written))
     for model_dir, why in (
         (tiny_mtp_dir(with_mtp=False), "has no MTP weights"),
+        (bare_deepseek, r"has no MTP weights \(model\.layers\.2\.\*"),
+        (no_nextn, "has no MTP layer .its config.json sets num_nextn_predict_layers = 0"),
+        (kimi, "is a 'kimi_k2' model: mlxd runs the MTP heads of deepseek_v3, glm4_moe"),
         (tiny_models("llama"), "is a 'llama' model"),
         (broken, "has MTP weights this build cannot read"),
     ):

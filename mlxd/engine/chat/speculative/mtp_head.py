@@ -1,9 +1,8 @@
 """An MTP head: the multi-token-prediction layer a checkpoint carries, as an MLX module.
 
-GLM-4.5 (``glm4_moe``) and GLM-4.7-Flash (``glm4_moe_lite``) keep one such
-layer after their decoder layers, as ``model.layers.<num_hidden_layers>.*``
-(DeepSeek-V3's layout; mlx-lm's ``deepseek_v3`` drops its layer 61 by number,
-so its tiny test models cannot be built, and it is not enabled): given the
+DeepSeek-V3/V3.1/R1 (``deepseek_v3``), GLM-4.5 (``glm4_moe``) and
+GLM-4.7-Flash (``glm4_moe_lite``) keep one such layer after their decoder
+layers, as ``model.layers.<num_hidden_layers>.*`` (DeepSeek-V3's layout): given the
 target's last hidden state ``h_t`` (after its final norm, what its output
 head reads) and the embedding of the token after it, ``x_{t+1}``, it
 predicts ``x_{t+2}``::
@@ -36,6 +35,7 @@ from mlx_lm.models.cache import KVCache
 # Families whose MTP layout this module reads (config model_type, which is also
 # the mlx-lm module), with their decoder layer's class in that module.
 NEXTN_FAMILIES: dict[str, str] = {
+    "deepseek_v3": "DeepseekV3DecoderLayer",  # DeepSeek-V3, V3.1, R1 (MLA attention)
     "glm4_moe": "DecoderLayer",  # GLM-4.5, 4.6, 4.7
     "glm4_moe_lite": "Glm4MoeLiteDecoderLayer",  # GLM-4.7-Flash (MLA attention)
 }
