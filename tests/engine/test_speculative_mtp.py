@@ -233,3 +233,56 @@ def test_a_rows_head_cache_keeps_verified_positions_and_starts_afresh_after_a_ga
     assert len(drafter.propose(1, tokens, 15, 2)) == 2 and offset() == 1
     drafter.forget(set())
     assert drafter.propose(1, tokens, 15, 2) == []
+
+
+@pytest.mark.parametrize("family", ["glm4_moe", "deepseek_v3"])
+def test_rows_drafting_together_get_what_each_would_alone(family):
+    """``propose_rows`` (one head forward per depth) against ``propose`` row by row: the
+    same drafts and the same head caches, with rows of different cache lengths, pair
+    counts and depths, one skipping a step (a gap) and one with no room."""
+    from mlxd.config import SpeculativeSettings
+    from mlxd.engine.chat.speculative.mtp import MtpDrafter
+    from mlxd.engine.chat.speculative.mtp_loading import attach_mtp
+
+    head = attach_mtp(_loaded(tiny_mtp_dir(family)), SpeculativeSettings(mode="mtp")).draft
+    alone, together = MtpDrafter(head), MtpDrafter(head)
+    size = head.module.eh_proj.weight.shape[0]
+    uids = [1, 2, 3]
+    tokens = {uid: [3, 4, 5 + uid] for uid in uids}
+    pending = {uid: 7 for uid in uids}
+    drafts: dict[int, list[int]] = {uid: [] for uid in uids}
+    rounds = [  # per round: the rows that verify with what they took, and each row's depth
+        ({1: 0, 2: 0, 3: 0}, {1: 3, 2: 3, 3: 3}),
+        ({1: 2, 2: 0}, {1: 3, 2: 2, 3: 3}),  # 3 skips a step: its head cache starts again
+        ({1: 1, 2: 2, 3: 0}, {1: 3, 2: 0, 3: 1}),  # 2 has no room
+        ({1: 3, 3: 1}, {1: 2, 3: 3}),
+    ]
+    mx.random.seed(0)
+    for took, depth in rounds:
+        verified = [u for u in uids if u in took]
+        width = 1 + max(len(drafts[u]) for u in verified)
+        hidden = mx.random.normal((len(verified), width, size))
+        new = {u: 20 + 3 * u + len(tokens[u]) for u in verified}
+        for u in verified:
+            tokens[u].append(pending[u])
+            tokens[u].extend(drafts[u][: took[u]])
+            pending[u] = new[u]
+        batch = SimpleNamespace(
+            uids=verified,
+            tokens=[tokens[u] for u in verified],
+            _next_tokens=mx.array([new[u] for u in verified]),
+        )
+        accepted = [min(took[u], len(drafts[u])) for u in verified]
+        for drafter in (alone, together):
+            drafter._hidden = hidden
+            drafter.observe(batch, verified, [drafts[u] for u in verified], accepted)  # type: ignore[arg-type]
+        asks = [(u, tokens[u], pending[u], depth[u]) for u in uids if u in depth]
+        each = [alone.propose(*ask) for ask in asks]
+        assert together.propose_rows(asks) == each
+        assert [len(d) for d in each] == [a[3] if a[0] in verified else 0 for a in asks]
+        drafts = {u: [] for u in uids} | {a[0]: d for a, d in zip(asks, each, strict=True)}
+    for u in uids:
+        a, b = alone._rows[u].cache[0], together._rows[u].cache[0]
+        assert a.offset == b.offset > 0
+        assert mx.allclose(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :], atol=1e-5)
+        assert mx.allclose(a.values[..., : a.offset, :], b.values[..., : b.offset, :], atol=1e-5)

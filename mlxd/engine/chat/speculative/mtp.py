@@ -18,8 +18,20 @@ have) holds the pairs of the row's positions since the row last had a gap
 (a plain step, a new row, a restart): the prompt's positions are never in
 it, and a gap starts it afresh. The pairs drafting fed beyond the pending
 token (built on the head's own guesses) are cut off after drafting and the
-verified ones fed instead. Rows draft one after another: ``rows x depth``
-small forwards per step.
+verified ones fed instead.
+
+Rows draft together (:meth:`MtpDrafter.propose_rows`): one head forward per
+depth for every row that has a pair. Their caches, of different lengths, are
+merged into one mlx-lm ``BatchKVCache`` (left-padded, as the batch's own);
+the first forward takes each row's pairs right-padded to the longest, the
+padding rolled to the left afterwards (``prepare(right_padding)`` /
+``finalize()``, as a chunked prefill), and each row reads its output at its
+own last pair; deeper forwards are one token a row. Afterwards the guesses'
+entries are trimmed and each row's cache extracted again. Merging and
+extracting copy the rows' head caches once a step (one layer's KV of the
+positions since each row's last gap); grouping rows by equal cache length
+instead would copy nothing but, as rows accept different counts, leave
+groups of one.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
+from mlx_lm.models.cache import BatchKVCache
 
 from mlxd.engine.chat.speculative.mtp_head import MtpHead
 
@@ -95,6 +108,62 @@ class MtpDrafter:
         row.covered = len(tokens) + 1
         row.start, row.hiddens, row.tokens = row.covered, [], []
         return cast("list[int]", mx.concatenate(out).tolist())
+
+    def propose_rows(self, asks: list[tuple[int, list[int], int, int]]) -> list[list[int]]:
+        """:meth:`propose` for each ``(uid, tokens, pending, k)``, one head forward per depth.
+
+        Each row gets what :meth:`propose` alone would give it (up to float
+        rounding in the batched matmuls) and its head cache ends the same.
+        """
+        out: list[list[int]] = [[] for _ in asks]
+        ready = [
+            j for j, (uid, tok, pend, k) in enumerate(asks) if k > 0 and self.ready(uid, tok, pend)
+        ]
+        if len(ready) <= 1:
+            for j in ready:
+                out[j] = self.propose(*asks[j])
+            return out
+        head = self.head
+        rows = [self._rows[asks[j][0]] for j in ready]
+        kept: list[list[Any]] = []
+        for row in rows:
+            if row.cache is None or row.covered != row.start:
+                row.cache = head.make_cache()  # a gap: the head's context starts here
+            kept.append(row.cache)
+        lengths = [len(row.tokens) for row in rows]
+        width, count = max(lengths), len(rows)
+        caches = [BatchKVCache.merge([c[i] for c in kept]) for i in range(head.layers)]
+        for cache in caches:
+            cache.prepare(right_padding=[width - n for n in lengths])
+        size = rows[0].hiddens[0].shape[-1]
+        pad = mx.zeros((width, size), rows[0].hiddens[0].dtype)
+        hiddens = mx.stack(
+            [mx.concatenate([mx.stack(r.hiddens), pad[: width - len(r.hiddens)]]) for r in rows]
+        )
+        tokens = mx.array([r.tokens + [0] * (width - len(r.tokens)) for r in rows])
+        to_head, hidden = head.module(head.embed(tokens), hiddens, caches)
+        for cache in caches:
+            cache.finalize()
+        at = (mx.arange(count), mx.array(lengths) - 1)  # each row's last pair
+        y = mx.argmax(head.head(to_head[at]), axis=-1)
+        hidden = hidden[at][:, None, :]
+        drafted = [y]
+        k = max(asks[j][3] for j in ready)
+        for _ in range(k - 1):
+            to_head, hidden = head.module(head.embed(y[:, None]), hidden, caches)
+            y = mx.argmax(head.head(to_head[:, -1, :]), axis=-1)
+            drafted.append(y)
+        for cache in caches:  # entries built on the head's own guesses
+            cache.trim(k - 1)
+        mx.eval(drafted, [(c.keys, c.values, c.left_padding) for c in caches])
+        by_row = cast("list[list[int]]", mx.stack(drafted, axis=1).tolist())
+        for r, (j, row) in enumerate(zip(ready, rows, strict=True)):
+            _uid, toks, _pending, want = asks[j]
+            row.cache = [cache.extract(r) for cache in caches]
+            row.covered = len(toks) + 1
+            row.start, row.hiddens, row.tokens = row.covered, [], []
+            out[j] = by_row[r][:want]
+        return out
 
     def observe(
         self, batch: GenerationBatch, uids: list[int], drafts: list[list[int]], accepted: list[int]

@@ -68,7 +68,7 @@ class NextN(nn.Module):
         self.shared_head = _SharedHead(size, eps)
 
     def __call__(
-        self, embeds: mx.array, hidden: mx.array, caches: list[KVCache]
+        self, embeds: mx.array, hidden: mx.array, caches: list[Any]
     ) -> tuple[mx.array, mx.array]:
         """(what the output head reads, the hidden state the next draft step takes)."""
         h = self.eh_proj(mx.concatenate([self.enorm(embeds), self.hnorm(hidden)], axis=-1))
@@ -95,7 +95,7 @@ class QwenMtp(nn.Module):
         self.norm = nn.RMSNorm(size, eps=eps)
 
     def __call__(
-        self, embeds: mx.array, hidden: mx.array, caches: list[KVCache]
+        self, embeds: mx.array, hidden: mx.array, caches: list[Any]
     ) -> tuple[mx.array, mx.array]:
         both = [self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)]
         h = self.fc(mx.concatenate(both, axis=-1))

@@ -132,15 +132,22 @@ class Speculator:
         pending = pending_tokens(batch)
         started = time.perf_counter()
         drafts: list[list[int]] = [[] for _ in batch.uids]
-        asked = False
+        mtp = self._mtp if settings.mode == "mtp" else None
+        asks: list[tuple[int, list[int], int, int]] = []
         for i in rows:
             room = batch.max_tokens[i] - batch._num_tokens[i] - 1
             if room > 0:
-                asked = True
-                draft = self._draft(batch.uids[i], batch.tokens[i], pending[i], min(depth, room))
-                drafts[i] = cut(lane[i], self.eos, pending[i], draft)
+                asks.append((batch.uids[i], batch.tokens[i], pending[i], min(depth, room)))
+        asked = bool(asks)
+        if mtp is not None:  # every row's head in one forward per depth
+            proposed = mtp.propose_rows(asks)
+        else:
+            proposed = [self._draft(*ask) for ask in asks]
+        at = {uid: i for i, uid in enumerate(batch.uids)}
+        for (uid, _, _, _), draft in zip(asks, proposed, strict=True):
+            i = at[uid]
+            drafts[i] = cut(lane[i], self.eos, pending[i], draft)
         self._forget(batch.uids)
-        mtp = self._mtp if settings.mode == "mtp" else None
         # MTP rows draft from the hidden state a verify step keeps: get it when none has one.
         if not any(drafts) and (mtp is None or not asked):
             self.acceptance.record(0, 0)
@@ -183,8 +190,6 @@ class Speculator:
     def _draft(self, uid: int, tokens: list[int], pending: int, k: int) -> list[int]:
         if self.settings.mode == "draft" and self._drafter is not None:
             return self._drafter.propose(uid, tokens, pending, k)
-        if self.settings.mode == "mtp":
-            return self._mtp.propose(uid, tokens, pending, k) if self._mtp is not None else []
         index = self._indexes.get(uid)
         if index is None or len(index) > len(tokens) + 1:
             index = self._indexes[uid] = NgramIndex(
