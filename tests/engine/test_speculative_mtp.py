@@ -286,3 +286,42 @@ def test_rows_drafting_together_get_what_each_would_alone(family):
         assert a.offset == b.offset > 0
         assert mx.allclose(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :], atol=1e-5)
         assert mx.allclose(a.values[..., : a.offset, :], b.values[..., : b.offset, :], atol=1e-5)
+
+
+def test_the_head_is_fed_the_prompt_during_prefill_and_drafts_at_the_first_step():
+    """Two prompts prefilled together in chunks of 4 (right-padded, then the rows' first
+    step): each row's head cache holds the pairs of its whole prompt, as the head fed
+    the full prompt's hidden states at once would, and the first decode step drafts."""
+    from mlx_lm.generate import BatchGenerator
+
+    from mlxd.config import SpeculativeSettings
+    from mlxd.engine.chat.speculative.mtp_loading import attach_mtp
+    from mlxd.engine.chat.speculative.speculator import Speculator
+
+    loaded = attach_mtp(_loaded(tiny_mtp_dir("deepseek_v3")), SpeculativeSettings(mode="mtp"))
+    head = loaded.draft
+    tokenizer = _tokenizer(tiny_mtp_dir("deepseek_v3"))
+    # 22 and 24 tokens: six chunks each, the last right-padded; both move on together.
+    prompts = [tokenizer.encode(TEXTS[1]), (tokenizer.encode(TEXTS[2]) * 3)[:24]]
+    assert [len(p) for p in prompts] == [22, 24]
+    gen = BatchGenerator(loaded.model, prefill_batch_size=2, prefill_step_size=4)
+    speculator = Speculator(SpeculativeSettings(mode="mtp", max_draft_tokens=3, **WIDE), head)
+    speculator.install(gen)
+    uids = gen.insert(prompts, max_tokens=[8, 8])
+    with full_depth(True):
+        while not len(gen._generation_batch):
+            gen.next()
+        rows = speculator._mtp._rows
+        for uid, prompt in zip(uids, prompts, strict=True):
+            row = rows[uid]
+            assert row.start == len(prompt) and len(row.hiddens) == 1 and not row.tokens
+            hidden = head.trunk(mx.array([prompt]), None)
+            cache = head.make_cache()
+            head.module(head.embed(mx.array([prompt[1:]])), hidden[:, :-1], cache)
+            fed = row.cache[0]
+            assert fed.offset == cache[0].offset == len(prompt) - 1
+            for a, b in ((fed.keys, cache[0].keys), (fed.values, cache[0].values)):
+                assert mx.allclose(a[..., : fed.offset, :], b[..., : fed.offset, :], atol=1e-4)
+            assert mx.allclose(row.hiddens[0], hidden[0, -1], atol=1e-4)
+        gen.next()
+    assert speculator.take().drafted == 6  # both rows drafted at their first step

@@ -8,15 +8,16 @@ pair drafts its first token; deeper drafts feed the head's own output back.
 Where the hidden states come from: verify steps run the target through
 :meth:`MtpDrafter.forward` (the target's trunk and head, the same logits),
 which keeps the hidden states, and after the step each row remembers the
-pairs of the positions it kept (:meth:`MtpDrafter.observe`). A plain step
-(mlx-lm's own, pipelined) keeps none, nor does a prefill: a row without a
-current pair drafts nothing, and when no row has one the speculator runs a
-verify step without drafts to get them.
+pairs of the positions it kept (:meth:`MtpDrafter.observe`). A prefill
+feeds the prompt's (:mod:`.mtp_prefill`, :meth:`MtpDrafter.prefilled`), so
+a new row drafts at its first step. A plain step (mlx-lm's own, pipelined)
+keeps none: a row without a current pair drafts nothing, and when no row
+has one the speculator runs a verify step without drafts to get them.
 
 The head's own KV cache per row (one ``KVCache`` per row, as draft models
 have) holds the pairs of the row's positions since the row last had a gap
-(a plain step, a new row, a restart): the prompt's positions are never in
-it, and a gap starts it afresh. The pairs drafting fed beyond the pending
+(a plain step, a restart; the prompt's cached prefix on a prompt-cache hit,
+which no chunk prefilled): a gap starts it afresh. The pairs drafting fed beyond the pending
 token (built on the head's own guesses) are cut off after drafting and the
 verified ones fed instead.
 
@@ -74,9 +75,51 @@ class MtpDrafter:
         self._hidden = hidden
         return self.head.head(hidden)
 
+    def prefilled(
+        self, uids: list[int], before: list[int], chunks: list[list[int]], hidden: mx.array
+    ) -> None:
+        """A prefill chunk ran: each row's pairs fed to its head cache (:mod:`.mtp_prefill`).
+
+        Row ``r`` (``uids[r]``) had ``before[r]`` tokens in its cache and
+        prefilled ``chunks[r]``, whose hidden states are ``hidden[r]`` (right-padded
+        to the longest chunk). A row whose last chunk ended where this one starts
+        continues its head cache; any other starts it afresh here.
+        """
+        head = self.head
+        fed: list[Any] = []
+        for r, (uid, at, chunk) in enumerate(zip(uids, before, chunks, strict=True)):
+            n = len(chunk)
+            if n == 0:
+                continue
+            states = hidden[r, :n]
+            row = self._rows.get(uid)
+            if row is not None and row.cache is not None and row.covered == at == row.start:
+                if row.tokens or len(row.hiddens) != 1:  # not where a chunk left it
+                    row.cache = head.make_cache()
+                    pairs, tokens = states[:-1], chunk[1:]
+                else:
+                    pairs, tokens = mx.concatenate([row.hiddens[0][None], states[:-1]]), chunk
+            else:
+                row = self._rows[uid] = _Row(cache=head.make_cache())
+                pairs, tokens = states[:-1], chunk[1:]
+            assert row.cache is not None
+            if tokens:
+                head.module(head.embed(mx.array([tokens])), pairs[None], row.cache)
+                fed.extend(c.state for c in row.cache)
+            row.covered = row.start = at + n
+            row.hiddens, row.tokens = [states[-1]], []
+            fed.append(states[-1])
+        mx.eval(fed)
+
     def ready(self, uid: int, tokens: list[int], pending: int) -> bool:
         """Whether the row has the pair that drafts after ``pending``."""
         row = self._rows.get(uid)
+        if (
+            row is not None
+            and not row.tokens
+            and len(row.hiddens) == 1 == row.start - len(tokens) + 1
+        ):
+            row.tokens = [pending]  # prefilled (.mtp_prefill): the pending token completes its pair
         return (
             row is not None
             and bool(row.tokens)

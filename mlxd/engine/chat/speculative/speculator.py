@@ -26,6 +26,7 @@ from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel
 from mlxd.engine.chat.speculative.lookup import NgramIndex
 from mlxd.engine.chat.speculative.mtp import MtpDrafter
 from mlxd.engine.chat.speculative.mtp_head import MtpHead
+from mlxd.engine.chat.speculative.mtp_prefill import feed_prefill
 from mlxd.engine.chat.speculative.rejection import samples
 from mlxd.engine.chat.speculative.verify import (
     greedy_rows,
@@ -74,6 +75,7 @@ class Speculator:
         self._drafter = Drafter(draft) if isinstance(draft, DraftModel) else None
         # mode = "mtp": the target's MTP head, loaded with it (mlxd.engine.chat.speculative.mtp).
         self._mtp = MtpDrafter(draft) if isinstance(draft, MtpHead) else None
+        self._prompts: Any = None  # the lane's prompt batch (set by install)
         # The cost model's prior when the config leaves saturation_tokens unset.
         self._saturation = default_saturation(mx.default_device().type == mx.DeviceType.gpu)
 
@@ -87,10 +89,14 @@ class Speculator:
         self.settings = settings
 
     def install(self, gen: BatchGenerator) -> None:
-        """Step ``gen``'s generation batch through :meth:`next` from now on."""
+        """Step ``gen``'s generation batch through :meth:`next` from now on (and, with an
+        MTP head, feed it the prompt batch's prefill chunks: :mod:`.mtp_prefill`)."""
         batch = gen._generation_batch
         plain = batch.next
         batch.next = lambda: self.next(batch, plain)
+        self._prompts = gen._prompt_batch
+        if self._mtp is not None:
+            feed_prefill(self._prompts, self._mtp, lambda: self.settings.mode == "mtp")
 
     def take(self) -> SpecTally:
         """The tally since the last call (the engine adds it to its counters)."""
@@ -203,8 +209,9 @@ class Speculator:
     def _forget(self, uids: list[int]) -> None:
         if self._drafter is not None:
             self._drafter.forget(set(uids))
-        if self._mtp is not None:
-            self._mtp.forget(set(uids))
+        if self._mtp is not None:  # rows still prefilling keep what their chunks fed
+            prefilling = self._prompts.uids if self._prompts is not None else []
+            self._mtp.forget({*uids, *prefilling})
         if len(self._indexes) > len(uids):
             live = set(uids)
             for uid in [u for u in self._indexes if u not in live]:
