@@ -96,6 +96,7 @@ class Speculator:
         batch.next = lambda: self.next(batch, plain)
         self._prompts = gen._prompt_batch
         if self._mtp is not None:
+            self._mtp.forget(set())  # a new generator numbers its rows afresh
             feed_prefill(self._prompts, self._mtp, lambda: self.settings.mode == "mtp")
 
     def take(self) -> SpecTally:
