@@ -72,8 +72,16 @@ def waves(model_dir, mode: str):
     ("family", "echo"),
     # glm4_moe's echo variant runs in tests/http/test_speculative_mtp.py.
     # glm4_moe_lite and deepseek_v3: MLA attention.
-    [("glm4_moe", False), ("glm4_moe_lite", True), ("deepseek_v3", False), ("deepseek_v3", True)],
-    ids=["glm4_moe-random", "glm4_moe_lite-echo", "deepseek_v3-random", "deepseek_v3-echo"],
+    # deepseek_v32: also a sparse-attention indexer, its own cache beside (CacheList).
+    [
+        ("glm4_moe", False),
+        ("glm4_moe_lite", True),
+        ("deepseek_v3", False),
+        ("deepseek_v3", True),
+        ("deepseek_v32", False),
+        ("deepseek_v32", True),
+    ],
+    ids=lambda v: v if isinstance(v, str) else ("echo" if v else "random"),
 )
 def test_greedy_output_with_the_mtp_head_equals_speculation_off(family, echo):
     model_dir = tiny_mtp_dir(family, echo=echo)
@@ -140,7 +148,7 @@ def test_a_model_without_an_mtp_head_is_refused_naming_it(tiny_models, tmp_path)
         (tiny_mtp_dir(with_mtp=False), "has no MTP weights"),
         (bare_deepseek, r"has no MTP weights \(model\.layers\.2\.\*"),
         (no_nextn, "has no MTP layer .its config.json sets num_nextn_predict_layers = 0"),
-        (kimi, "is a 'kimi_k2' model: mlxd runs the MTP heads of deepseek_v3, glm4_moe"),
+        (kimi, "is a 'kimi_k2' model: mlxd runs the MTP heads of deepseek_v3, deepseek_v32"),
         (tiny_models("llama"), "is a 'llama' model"),
         (broken, "has MTP weights this build cannot read"),
     ):

@@ -1,8 +1,8 @@
 """Tiny random-weight models that carry an MTP layer, for MTP tests.
 
-DeepSeek-V3 (``deepseek_v3``), GLM-4.5 (``glm4_moe``) and GLM-4.7-Flash (``glm4_moe_lite``)
-checkpoints keep
-their multi-token-prediction layer as one more decoder layer,
+DeepSeek-V3 (``deepseek_v3``), DeepSeek-V3.2 (``deepseek_v32``), GLM-4.5 (``glm4_moe``) and
+GLM-4.7-Flash (``glm4_moe_lite``) checkpoints keep their multi-token-prediction layer as one
+more decoder layer,
 ``model.layers.<num_hidden_layers>.*``, with ``enorm``, ``hnorm``, ``eh_proj``,
 ``shared_head.{norm,head}`` and its own ``embed_tokens`` beside the usual attention and MoE
 weights (experts unstacked, as in Hugging Face checkpoints). mlx-lm's ``sanitize`` drops
@@ -102,6 +102,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     },
     "glm4_moe_lite": {**_MOE, **_MLA, "model_type": "glm4_moe_lite"},
     "deepseek_v3": {**_MOE, **_MLA, "model_type": "deepseek_v3"},
+    # index_topk below the tests' lengths: the sparse attention selects.
+    "deepseek_v32": {
+        **_MOE,
+        **_MLA,
+        "model_type": "deepseek_v32",
+        "index_head_dim": 16,
+        "index_n_heads": 2,
+        "index_topk": 8,
+    },
 }
 # Where a family's MTP layer is written when mlx-lm's loader would not drop it (above).
 _MTP_FILE = {"deepseek_v3": "mtp.safetensors"}

@@ -42,7 +42,6 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
-from mlx_lm.models.cache import BatchKVCache
 
 from mlxd.engine.chat.speculative.mtp_head import MtpHead
 
@@ -175,7 +174,7 @@ class MtpDrafter:
             kept.append(row.cache)
         lengths = [len(row.tokens) for row in rows]
         width, count = max(lengths), len(rows)
-        caches = [BatchKVCache.merge([c[i] for c in kept]) for i in range(head.layers)]
+        caches = [kept[0][i].merge([c[i] for c in kept]) for i in range(head.layers)]
         for cache in caches:
             cache.prepare(right_padding=[width - n for n in lengths])
         size = rows[0].hiddens[0].shape[-1]
@@ -198,7 +197,7 @@ class MtpDrafter:
             drafted.append(y)
         for cache in caches:  # entries built on the head's own guesses
             cache.trim(k - 1)
-        mx.eval(drafted, [(c.keys, c.values, c.left_padding) for c in caches])
+        mx.eval(drafted, [c.state for c in caches])
         by_row = cast("list[list[int]]", mx.stack(drafted, axis=1).tolist())
         for r, (j, row) in enumerate(zip(ready, rows, strict=True)):
             _uid, toks, _pending, want = asks[j]
