@@ -14,8 +14,14 @@ Each round, every row's drafter state is as after a verify step that kept
 positions cached; the rows then draft ``--depth`` tokens. The table gives the
 median milliseconds per drafting step and the ratio.
 
+``--prefill LAYERS`` times the other cost instead: an MTP lane's prefill
+feeding the prompt's hidden states to the head (:mod:`mlxd.engine.chat.speculative.mtp_prefill`)
+against a plain prefill, two ``--prompt``-token prompts together through mlx-lm's
+``BatchGenerator`` (chunks of 128) on a ``LAYERS``-layer random DeepSeek-V3, until
+both rows have their first token.
+
 Usage: ``python benchmarks/mtp_drafting.py [--rows 1,8] [--depth 3] [--hidden 512]
-[--vocab 32000] [--rounds 20]``.
+[--vocab 32000] [--rounds 20] [--prefill LAYERS [--prompt 512]]``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,8 +44,8 @@ ensure_blas("auto", None, sys.argv)  # the daemon's BLAS (Linux: a system OpenBL
 import mlx.core as mx  # noqa: E402
 
 
-def head(hidden: int, vocab: int):
-    """An MtpHead over a random one-layer DeepSeek-V3 (the trunk is not used here)."""
+def head(hidden: int, vocab: int, layers: int = 1):
+    """An MtpHead over a random DeepSeek-V3 of ``layers`` decoder layers."""
     from mlx_lm.models import deepseek_v3
 
     from mlxd.engine.chat.speculative.mtp_head import MtpHead, nextn_module, target_parts
@@ -50,7 +57,7 @@ def head(hidden: int, vocab: int):
             "hidden_size": hidden,
             "intermediate_size": 2 * hidden,
             "moe_intermediate_size": hidden // 2,
-            "num_hidden_layers": 1,
+            "num_hidden_layers": layers,
             "num_attention_heads": 8,
             "num_key_value_heads": 8,
             "n_shared_experts": 1,
@@ -68,7 +75,7 @@ def head(hidden: int, vocab: int):
     module = nextn_module(model)
     mx.eval(model.parameters(), module.parameters())
     trunk, out, embed = target_parts(model)
-    return MtpHead(module, trunk, out, embed, "deepseek_v3", 0), hidden
+    return MtpHead(module, trunk, out, embed, "deepseek_v3", 0), model
 
 
 def observe(drafter, uids, tokens, pending, took, size, key):
@@ -106,6 +113,55 @@ def run(rows: int, args: argparse.Namespace, mtp_head, size: int) -> tuple[float
     return statistics.median(times["alone"]), statistics.median(times["together"])
 
 
+def prefill(args: argparse.Namespace) -> None:
+    """Two prompts prefilled together (chunks of 128), the MTP feed off and on, alternating."""
+    from mlx_lm.generate import BatchGenerator
+
+    from mlxd.engine.chat.speculative.mtp import MtpDrafter
+    from mlxd.engine.chat.speculative.mtp_prefill import feed_prefill
+
+    mtp_head, model = head(args.hidden, args.vocab, args.prefill)
+    prompts = [[(7 * i + r) % args.vocab for i in range(args.prompt)] for r in range(2)]
+    times: dict[str, list[float]] = {"off": [], "fed": []}
+    feeding: list[float] = []  # the head's share: MtpDrafter.prefilled
+    for step in range(1 + args.rounds):
+        for name in times:
+            gen = BatchGenerator(model, prefill_batch_size=2, prefill_step_size=128)
+            spent = [0.0]
+            if name == "fed":
+                drafter = MtpDrafter(mtp_head)
+                feed = drafter.prefilled
+
+                def timed(*a: Any, feed: Any = feed, spent: list[float] = spent) -> None:
+                    began = time.perf_counter()
+                    feed(*a)
+                    spent[0] += time.perf_counter() - began
+
+                drafter.prefilled = timed  # type: ignore[method-assign]
+                feed_prefill(gen._prompt_batch, drafter, lambda: True)
+            gen.insert(prompts, max_tokens=[4, 4])
+            started = time.perf_counter()
+            while len(gen._generation_batch) < 2:
+                gen.next()
+            mx.eval(gen._generation_batch._next_tokens)
+            if step:
+                times[name].append(time.perf_counter() - started)
+                if name == "fed":
+                    feeding.append(spent[0])
+            gen.close()
+    off, fed = statistics.median(times["off"]), statistics.median(times["fed"])
+    head_ms = statistics.median(feeding) * 1e3
+    print(
+        f"prefill of 2 x {args.prompt} tokens, {args.prefill} decoder layers, hidden {args.hidden}:"
+    )
+    print("| feed off ms | feed on ms | on vs off | feeding the head ms | each round off/on |")
+    print("| --- | --- | --- | --- | --- |")
+    rounds = " ".join(
+        f"{a * 1e3:.0f}/{b * 1e3:.0f}" for a, b in zip(times["off"], times["fed"], strict=True)
+    )
+    print(f"| {off * 1e3:.0f} | {fed * 1e3:.0f} | {fed / off:.3f}x | {head_ms:.0f} | {rounds} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="1,8")
@@ -115,8 +171,16 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument(
+        "--prefill", type=int, default=0, help="LAYERS: time the prompt feed instead"
+    )
+    parser.add_argument("--prompt", type=int, default=512, help="--prefill: prompt tokens")
     args = parser.parse_args()
-    mtp_head, size = head(args.hidden, args.vocab)
+    if args.prefill:
+        prefill(args)
+        return
+    mtp_head, _ = head(args.hidden, args.vocab)
+    size = args.hidden
     print(
         f"device {mx.default_device()}, hidden {args.hidden}, vocab {args.vocab}, "
         f"depth {args.depth}, {args.took + 1} pairs a row, ~{args.context} head positions"

@@ -39,6 +39,8 @@ def feed_prefill(prompts: Any, drafter: MtpDrafter, enabled: Callable[[], bool])
 
     def forward(inputs: mx.array, cache: Any = None) -> mx.array:
         hidden = head.trunk(inputs, cache)
+        # With the caches, as mlx-lm evaluates them next (then a no-op): one graph.
+        mx.eval(hidden, [c.state for c in cache or ()])
         captured.append(hidden)
         return head.head(hidden)
 
