@@ -49,11 +49,14 @@ def feed_prefill(prompts: Any, drafter: MtpDrafter, enabled: Callable[[], bool])
             chunk(tokens)
             return
         uids, before = list(prompts.uids), [len(t) for t in prompts.tokens]
+        captured.clear()  # nothing left from a chunk that raised
         model, prompts.model = prompts.model, forward
         try:
             chunk(tokens)
         finally:
             prompts.model = model
+        if not captured:  # no forward ran (every chunk empty)
+            return
         hidden = captured[0] if len(captured) == 1 else mx.concatenate(captured, axis=1)
         captured.clear()
         drafter.prefilled(uids, before, tokens, hidden)
