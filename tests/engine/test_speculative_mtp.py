@@ -1,6 +1,8 @@
-"""``[speculative] mode = "mtp"``: a GLM-4.5 model drafts with the MTP layer of its checkpoint.
+"""``[speculative] mode = "mtp"``: a GLM-4.5 or DeepSeek-V3 model drafts with the MTP layer
+of its checkpoint.
 
-A tiny random ``glm4_moe`` carries an MTP layer (tests/support/tinymtp.py):
+A tiny random ``glm4_moe`` (or ``glm4_moe_lite``, ``deepseek_v3``) carries an MTP layer
+(tests/support/tinymtp.py):
 with random weights its drafts are mostly rejected (the mechanics run and
 greedy output must not change); its "echo" variant is a bigram model whose
 MTP layer predicts what the target will choose, so drafts are accepted.
@@ -9,6 +11,7 @@ MTP layer predicts what the target will choose, so drafts are accepted.
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 from types import SimpleNamespace
 
@@ -68,8 +71,17 @@ def waves(model_dir, mode: str):
 @pytest.mark.parametrize(
     ("family", "echo"),
     # glm4_moe's echo variant runs in tests/http/test_speculative_mtp.py.
-    [("glm4_moe", False), ("glm4_moe_lite", True)],  # glm4_moe_lite: MLA attention
-    ids=["glm4_moe-random", "glm4_moe_lite-echo"],
+    # glm4_moe_lite and deepseek_v3: MLA attention.
+    # deepseek_v32: also a sparse-attention indexer, its own cache beside (CacheList).
+    [
+        ("glm4_moe", False),
+        ("glm4_moe_lite", True),
+        ("deepseek_v3", False),
+        ("deepseek_v3", True),
+        ("deepseek_v32", False),
+        ("deepseek_v32", True),
+    ],
+    ids=lambda v: v if isinstance(v, str) else ("echo" if v else "random"),
 )
 def test_greedy_output_with_the_mtp_head_equals_speculation_off(family, echo):
     model_dir = tiny_mtp_dir(family, echo=echo)
@@ -124,8 +136,19 @@ def test_a_model_without_an_mtp_head_is_refused_naming_it(tiny_models, tmp_path)
     assert isinstance(arrays, dict)
     del arrays["model.layers.2.eh_proj.weight"]
     mx.save_safetensors(str(broken / "model.safetensors"), arrays)
+    bare_deepseek = tiny_mtp_dir("deepseek_v3", with_mtp=False)
+    kimi = tmp_path / "kimi-k2"  # DeepSeek-V3's architecture, no MTP layer, its own name
+    no_nextn = tmp_path / "no-nextn"
+    for copy, config in ((kimi, {"model_type": "kimi_k2"}), (no_nextn, {})):
+        shutil.copytree(bare_deepseek, copy)
+        written = json.loads((copy / "config.json").read_text())
+        written.update(config, num_nextn_predict_layers=0)
+        (copy / "config.json").write_text(json.dumps(written))
     for model_dir, why in (
         (tiny_mtp_dir(with_mtp=False), "has no MTP weights"),
+        (bare_deepseek, r"has no MTP weights \(model\.layers\.2\.\*"),
+        (no_nextn, "has no MTP layer .its config.json sets num_nextn_predict_layers = 0"),
+        (kimi, "is a 'kimi_k2' model: mlxd runs the MTP heads of deepseek_v3, deepseek_v32"),
         (tiny_models("llama"), "is a 'llama' model"),
         (broken, "has MTP weights this build cannot read"),
     ):
@@ -218,3 +241,95 @@ def test_a_rows_head_cache_keeps_verified_positions_and_starts_afresh_after_a_ga
     assert len(drafter.propose(1, tokens, 15, 2)) == 2 and offset() == 1
     drafter.forget(set())
     assert drafter.propose(1, tokens, 15, 2) == []
+
+
+@pytest.mark.parametrize("family", ["glm4_moe", "deepseek_v3"])
+def test_rows_drafting_together_get_what_each_would_alone(family):
+    """``propose_rows`` (one head forward per depth) against ``propose`` row by row: the
+    same drafts and the same head caches, with rows of different cache lengths, pair
+    counts and depths, one skipping a step (a gap) and one with no room."""
+    from mlxd.config import SpeculativeSettings
+    from mlxd.engine.chat.speculative.mtp import MtpDrafter
+    from mlxd.engine.chat.speculative.mtp_loading import attach_mtp
+
+    head = attach_mtp(_loaded(tiny_mtp_dir(family)), SpeculativeSettings(mode="mtp")).draft
+    alone, together = MtpDrafter(head), MtpDrafter(head)
+    size = head.module.eh_proj.weight.shape[0]
+    uids = [1, 2, 3]
+    tokens = {uid: [3, 4, 5 + uid] for uid in uids}
+    pending = {uid: 7 for uid in uids}
+    drafts: dict[int, list[int]] = {uid: [] for uid in uids}
+    rounds = [  # per round: the rows that verify with what they took, and each row's depth
+        ({1: 0, 2: 0, 3: 0}, {1: 3, 2: 3, 3: 3}),
+        ({1: 2, 2: 0}, {1: 3, 2: 2, 3: 3}),  # 3 skips a step: its head cache starts again
+        ({1: 1, 2: 2, 3: 0}, {1: 3, 2: 0, 3: 1}),  # 2 has no room
+        ({1: 3, 3: 1}, {1: 2, 3: 3}),
+    ]
+    mx.random.seed(0)
+    for took, depth in rounds:
+        verified = [u for u in uids if u in took]
+        width = 1 + max(len(drafts[u]) for u in verified)
+        hidden = mx.random.normal((len(verified), width, size))
+        new = {u: 20 + 3 * u + len(tokens[u]) for u in verified}
+        for u in verified:
+            tokens[u].append(pending[u])
+            tokens[u].extend(drafts[u][: took[u]])
+            pending[u] = new[u]
+        batch = SimpleNamespace(
+            uids=verified,
+            tokens=[tokens[u] for u in verified],
+            _next_tokens=mx.array([new[u] for u in verified]),
+        )
+        accepted = [min(took[u], len(drafts[u])) for u in verified]
+        for drafter in (alone, together):
+            drafter._hidden = hidden
+            drafter.observe(batch, verified, [drafts[u] for u in verified], accepted)  # type: ignore[arg-type]
+        asks = [(u, tokens[u], pending[u], depth[u]) for u in uids if u in depth]
+        each = [alone.propose(*ask) for ask in asks]
+        assert together.propose_rows(asks) == each
+        assert [len(d) for d in each] == [a[3] if a[0] in verified else 0 for a in asks]
+        drafts = {u: [] for u in uids} | {a[0]: d for a, d in zip(asks, each, strict=True)}
+    for u in uids:
+        a, b = alone._rows[u].cache[0], together._rows[u].cache[0]
+        assert a.offset == b.offset > 0
+        assert mx.allclose(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :], atol=1e-5)
+        assert mx.allclose(a.values[..., : a.offset, :], b.values[..., : b.offset, :], atol=1e-5)
+
+
+def test_the_head_is_fed_the_prompt_during_prefill_and_drafts_at_the_first_step():
+    """Two prompts prefilled together in chunks of 4 (right-padded, then the rows' first
+    step): each row's head cache holds the pairs of its whole prompt, as the head fed
+    the full prompt's hidden states at once would, and the first decode step drafts."""
+    from mlx_lm.generate import BatchGenerator
+
+    from mlxd.config import SpeculativeSettings
+    from mlxd.engine.chat.speculative.mtp_loading import attach_mtp
+    from mlxd.engine.chat.speculative.speculator import Speculator
+
+    loaded = attach_mtp(_loaded(tiny_mtp_dir("deepseek_v3")), SpeculativeSettings(mode="mtp"))
+    head = loaded.draft
+    tokenizer = _tokenizer(tiny_mtp_dir("deepseek_v3"))
+    # 22 and 24 tokens: six chunks each, the last right-padded; both move on together.
+    prompts = [tokenizer.encode(TEXTS[1]), (tokenizer.encode(TEXTS[2]) * 3)[:24]]
+    assert [len(p) for p in prompts] == [22, 24]
+    gen = BatchGenerator(loaded.model, prefill_batch_size=2, prefill_step_size=4)
+    speculator = Speculator(SpeculativeSettings(mode="mtp", max_draft_tokens=3, **WIDE), head)
+    speculator.install(gen)
+    uids = gen.insert(prompts, max_tokens=[8, 8])
+    with full_depth(True):
+        while not len(gen._generation_batch):
+            gen.next()
+        rows = speculator._mtp._rows
+        for uid, prompt in zip(uids, prompts, strict=True):
+            row = rows[uid]
+            assert row.start == len(prompt) and len(row.hiddens) == 1 and not row.tokens
+            hidden = head.trunk(mx.array([prompt]), None)
+            cache = head.make_cache()
+            head.module(head.embed(mx.array([prompt[1:]])), hidden[:, :-1], cache)
+            fed = row.cache[0]
+            assert fed.offset == cache[0].offset == len(prompt) - 1
+            for a, b in ((fed.keys, cache[0].keys), (fed.values, cache[0].values)):
+                assert mx.allclose(a[..., : fed.offset, :], b[..., : fed.offset, :], atol=1e-4)
+            assert mx.allclose(row.hiddens[0], hidden[0, -1], atol=1e-4)
+        gen.next()
+    assert speculator.take().drafted == 6  # both rows drafted at their first step

@@ -1,11 +1,18 @@
 """Tiny random-weight models that carry an MTP layer, for MTP tests.
 
-GLM-4.5 (``glm4_moe``) and GLM-4.7-Flash (``glm4_moe_lite``) checkpoints keep
-their multi-token-prediction layer as one more decoder layer,
+DeepSeek-V3 (``deepseek_v3``), DeepSeek-V3.2 (``deepseek_v32``), GLM-4.5 (``glm4_moe``) and
+GLM-4.7-Flash (``glm4_moe_lite``) checkpoints keep their multi-token-prediction layer as one
+more decoder layer,
 ``model.layers.<num_hidden_layers>.*``, with ``enorm``, ``hnorm``, ``eh_proj``,
 ``shared_head.{norm,head}`` and its own ``embed_tokens`` beside the usual attention and MoE
 weights (experts unstacked, as in Hugging Face checkpoints). mlx-lm's ``sanitize`` drops
 that layer at load; mlxd's ``mode = "mtp"`` reads it back.
+
+mlx-lm's ``deepseek_v3`` drops the layer by its number in the real checkpoints
+(``model.layers.61``), not by ``num_hidden_layers``: a tiny two-layer DeepSeek-V3 keeps its
+``model.layers.2.*`` in ``mtp.safetensors``, a file mlx-lm's loader (``model*.safetensors``)
+does not read and mlxd's MTP loader does (every ``*.safetensors``). A 61-layer tiny model
+would take about 70 ms a step on this CPU.
 
 Two variants (``echo``):
 
@@ -94,7 +101,19 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "partial_rotary_factor": 0.5,
     },
     "glm4_moe_lite": {**_MOE, **_MLA, "model_type": "glm4_moe_lite"},
+    "deepseek_v3": {**_MOE, **_MLA, "model_type": "deepseek_v3"},
+    # index_topk below the tests' lengths: the sparse attention selects.
+    "deepseek_v32": {
+        **_MOE,
+        **_MLA,
+        "model_type": "deepseek_v32",
+        "index_head_dim": 16,
+        "index_n_heads": 2,
+        "index_topk": 8,
+    },
 }
+# Where a family's MTP layer is written when mlx-lm's loader would not drop it (above).
+_MTP_FILE = {"deepseek_v3": "mtp.safetensors"}
 MTP_FAMILIES = tuple(CONFIGS)
 
 
@@ -139,6 +158,11 @@ def build_tiny_mtp_model(
             if _silenced(name):
                 w[...] = 0.0
     arrays = {name: mx.array(w) for name, w in weights.items()}
+    apart = _MTP_FILE.get(family)
+    if with_mtp and apart:
+        layer = f"model.layers.{args.num_hidden_layers}."
+        mtp = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(layer)]}
+        mx.save_safetensors(str(out_dir / apart), mtp, metadata={"format": "pt"})
     mx.save_safetensors(str(out_dir / "model.safetensors"), arrays, metadata={"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out_dir / "tokenizer.json").write_text(_tokenizer_json_with(()))

@@ -1,9 +1,10 @@
 """An MTP head: the multi-token-prediction layer a checkpoint carries, as an MLX module.
 
-GLM-4.5 (``glm4_moe``) and GLM-4.7-Flash (``glm4_moe_lite``) keep one such
-layer after their decoder layers, as ``model.layers.<num_hidden_layers>.*``
-(DeepSeek-V3's layout; mlx-lm's ``deepseek_v3`` drops its layer 61 by number,
-so its tiny test models cannot be built, and it is not enabled): given the
+DeepSeek-V3/V3.1/R1 (``deepseek_v3``), DeepSeek-V3.2 (``deepseek_v32``, whose
+layers keep a second cache for their sparse-attention indexer: a
+``CacheList``), GLM-4.5 (``glm4_moe``) and GLM-4.7-Flash (``glm4_moe_lite``)
+keep one such layer after their decoder
+layers, as ``model.layers.<num_hidden_layers>.*`` (DeepSeek-V3's layout): given the
 target's last hidden state ``h_t`` (after its final norm, what its output
 head reads) and the embedding of the token after it, ``x_{t+1}``, it
 predicts ``x_{t+2}``::
@@ -31,11 +32,13 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import CacheList, KVCache
 
 # Families whose MTP layout this module reads (config model_type, which is also
 # the mlx-lm module), with their decoder layer's class in that module.
 NEXTN_FAMILIES: dict[str, str] = {
+    "deepseek_v3": "DeepseekV3DecoderLayer",  # DeepSeek-V3, V3.1, R1 (MLA attention)
+    "deepseek_v32": "DeepseekV32DecoderLayer",  # DeepSeek-V3.2 (MLA + sparse-attention indexer)
     "glm4_moe": "DecoderLayer",  # GLM-4.5, 4.6, 4.7
     "glm4_moe_lite": "Glm4MoeLiteDecoderLayer",  # GLM-4.7-Flash (MLA attention)
 }
@@ -68,11 +71,12 @@ class NextN(nn.Module):
         self.shared_head = _SharedHead(size, eps)
 
     def __call__(
-        self, embeds: mx.array, hidden: mx.array, caches: list[KVCache]
+        self, embeds: mx.array, hidden: mx.array, caches: list[Any]
     ) -> tuple[mx.array, mx.array]:
         """(what the output head reads, the hidden state the next draft step takes)."""
         h = self.eh_proj(mx.concatenate([self.enorm(embeds), self.hnorm(hidden)], axis=-1))
-        mask = create_attention_mask(h, caches[0], return_array=True)
+        first = caches[0][0] if isinstance(caches[0], CacheList) else caches[0]
+        mask = create_attention_mask(h, first, return_array=True)
         h = self.block(h, mask, caches[0])
         return self.shared_head.norm(h), h
 
@@ -95,7 +99,7 @@ class QwenMtp(nn.Module):
         self.norm = nn.RMSNorm(size, eps=eps)
 
     def __call__(
-        self, embeds: mx.array, hidden: mx.array, caches: list[KVCache]
+        self, embeds: mx.array, hidden: mx.array, caches: list[Any]
     ) -> tuple[mx.array, mx.array]:
         both = [self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)]
         h = self.fc(mx.concatenate(both, axis=-1))
@@ -135,7 +139,9 @@ class MtpHead:
     weights_bytes: int
     layers: int = 1
 
-    def make_cache(self) -> list[KVCache]:
+    def make_cache(self) -> list[Any]:
+        if self.family == "deepseek_v32":  # its attention keeps the indexer's keys beside
+            return [CacheList(KVCache(), KVCache())]
         return [KVCache() for _ in range(self.layers)]
 
 

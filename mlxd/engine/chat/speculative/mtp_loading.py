@@ -2,7 +2,7 @@
 
 mlx-lm's ``sanitize`` drops the MTP layer when it loads the target; this
 reads those tensors back from the same safetensors files (only the shards
-that hold them) and loads them into the head's module: GLM's
+that hold them) and loads them into the head's module: DeepSeek-V3's and GLM's
 ``model.layers.<N>.*`` through the target's own ``sanitize`` (expert
 stacking) as if they were layer 0, into a :class:`~.mtp_head.NextN`;
 Qwen3.5's and Qwen3-Next's ``mtp.*`` (norms shifted, experts split or
@@ -82,6 +82,12 @@ def load_mtp(loaded: LoadedModel) -> MtpHead:
         )
     model = loaded.model
     path = Path(info.path)
+    if _config(path).get("num_nextn_predict_layers") == 0:  # Kimi K2: DeepSeek-V3 without MTP
+        raise _refused(
+            name,
+            f"has no MTP layer (its config.json sets num_nextn_predict_layers = 0, in {path}); "
+            'use mode = "prompt_lookup" or "draft"',
+        )
     qwen = info.family in QWEN_FAMILIES
     prefix = "mtp." if qwen else f"model.layers.{int(model.args.num_hidden_layers)}."
     tensors = _read(path, prefix)

@@ -28,6 +28,7 @@ from mlxd.engine.chat.speculative.drafter import Drafter, DraftModel
 from mlxd.engine.chat.speculative.lookup import NgramIndex
 from mlxd.engine.chat.speculative.mtp import MtpDrafter
 from mlxd.engine.chat.speculative.mtp_head import MtpHead
+from mlxd.engine.chat.speculative.mtp_prefill import feed_prefill
 from mlxd.engine.chat.speculative.rejection import samples
 from mlxd.engine.chat.speculative.verify import (
     greedy_rows,
@@ -87,6 +88,7 @@ class Speculator:
         )
         # mode = "mtp": the target's MTP head, loaded with it (mlxd.engine.chat.speculative.mtp).
         self._mtp = MtpDrafter(draft) if isinstance(draft, MtpHead) else None
+        self._prompts: Any = None  # the lane's prompt batch (set by install)
         # The cost model's prior when the config leaves saturation_tokens unset.
         self._saturation = default_saturation(mx.default_device().type == mx.DeviceType.gpu)
 
@@ -100,10 +102,15 @@ class Speculator:
         self.settings = settings
 
     def install(self, gen: BatchGenerator) -> None:
-        """Step ``gen``'s generation batch through :meth:`next` from now on."""
+        """Step ``gen``'s generation batch through :meth:`next` from now on (and, with an
+        MTP head, feed it the prompt batch's prefill chunks: :mod:`.mtp_prefill`)."""
         batch = gen._generation_batch
         plain = batch.next
         batch.next = lambda: self.next(batch, plain)
+        self._prompts = gen._prompt_batch
+        if self._mtp is not None:
+            self._mtp.forget(set())  # a new generator numbers its rows afresh
+            feed_prefill(self._prompts, self._mtp, lambda: self.settings.mode == "mtp")
 
     def take(self) -> SpecTally:
         """The tally since the last call (the engine adds it to its counters)."""
@@ -148,14 +155,23 @@ class Speculator:
         if assistant is not None:
             assistant.attend(batch)
         drafts: list[list[int]] = [[] for _ in batch.uids]
-        asked = False
+        mtp = self._mtp if settings.mode == "mtp" else None
+        asks: list[tuple[int, list[int], int, int]] = []
         for i in rows:
             room = batch.max_tokens[i] - batch._num_tokens[i] - 1
             if room > 0:
-                asked = True
-                draft = self._draft(batch.uids[i], batch.tokens[i], pending[i], min(depth, room))
-                drafts[i] = cut(lane[i], self.eos, pending[i], draft)
+                asks.append((batch.uids[i], batch.tokens[i], pending[i], min(depth, room)))
+        asked = bool(asks)
+        if mtp is not None:  # every row's head in one forward per depth
+            proposed = mtp.propose_rows(asks)
+        else:
+            proposed = [self._draft(*ask) for ask in asks]
+        at = {uid: i for i, uid in enumerate(batch.uids)}
+        for (uid, _, _, _), draft in zip(asks, proposed, strict=True):
+            i = at[uid]
+            drafts[i] = cut(lane[i], self.eos, pending[i], draft)
         self._forget(batch.uids)
+        # After drafting, MTP heads and a Gemma 4 assistant both keep the verify pass's hidden states.
         mtp = (
             self._mtp if settings.mode == "mtp" else assistant if settings.mode == "draft" else None
         )
@@ -201,8 +217,6 @@ class Speculator:
     def _draft(self, uid: int, tokens: list[int], pending: int, k: int) -> list[int]:
         if self.settings.mode == "draft" and self._drafter is not None:
             return self._drafter.propose(uid, tokens, pending, k)
-        if self.settings.mode == "mtp":
-            return self._mtp.propose(uid, tokens, pending, k) if self._mtp is not None else []
         index = self._indexes.get(uid)
         if index is None or len(index) > len(tokens) + 1:
             index = self._indexes[uid] = NgramIndex(
@@ -216,8 +230,9 @@ class Speculator:
     def _forget(self, uids: list[int]) -> None:
         if self._drafter is not None:
             self._drafter.forget(set(uids))
-        if self._mtp is not None:
-            self._mtp.forget(set(uids))
+        if self._mtp is not None:  # rows still prefilling keep what their chunks fed
+            prefilling = self._prompts.uids if self._prompts is not None else []
+            self._mtp.forget({*uids, *prefilling})
         if len(self._indexes) > len(uids):
             live = set(uids)
             for uid in [u for u in self._indexes if u not in live]:
