@@ -171,7 +171,7 @@ class Speculator:
             i = at[uid]
             drafts[i] = cut(lane[i], self.eos, pending[i], draft)
         self._forget(batch.uids)
-        # After drafting, MTP heads and a Gemma 4 assistant both keep the verify pass's hidden states.
+        # MTP heads and a Gemma 4 assistant both keep the verify pass's hidden states.
         mtp = (
             self._mtp if settings.mode == "mtp" else assistant if settings.mode == "draft" else None
         )
