@@ -9,7 +9,6 @@ The port's drafts are held equal to mlx-vlm's reference drafter's on the same st
 
 from __future__ import annotations
 
-import functools
 from types import SimpleNamespace
 from typing import cast
 
@@ -17,55 +16,18 @@ import mlx.core as mx
 import pytest
 
 from mlxd.engine.chat.loading import ModelLoadError
-from mlxd.engine.policy.spec_depth import StepCosts
-from tests.engine.test_speculative import WIDE, full_depth
-from tests.support.engine import run_all, running_engine, settled, token_request
+from tests.engine.test_speculative_mtp import MAX_TOKENS, formula_costs
+from tests.engine.test_speculative_mtp import waves as mtp_waves
 from tests.support.tinygemma4 import tiny_assistant_dir, tiny_gemma4_dir
 
-MAX_TOKENS = 16
-TEXTS = [
-    "The river runs past the old mill.",
-    "A small computer reads a prompt and predicts.",
-    "Memory grows with every token.",
-    "one two three one two three",
-]
-
-
-@pytest.fixture(autouse=True)
-def formula_costs(monkeypatch):
-    """The cost model's formula only: step times measured on a shared CPU would vary."""
-    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, width: None)
-
-
-@functools.cache
-def _tokenizer(model_dir):
-    from mlx_lm.tokenizer_utils import load
-
-    return load(model_dir)
+__all__ = ["formula_costs"]  # autouse here too: the cost model's formula only
 
 
 def waves(echo: bool, mode: str):
-    """Four rows at once, then one alone, in one engine; (outputs, counters, weights bytes)."""
-    model_dir = tiny_gemma4_dir(echo=echo)
-    spec: dict = {"mode": mode, "max_draft_tokens": 3, **WIDE}
-    if mode == "draft":
-        spec["draft_model"] = str(tiny_assistant_dir(echo=echo))
-    with (
-        full_depth(True),
-        running_engine(
-            model_dir, batch={"size": 4, "prompt_concurrency": 4}, speculative=spec
-        ) as engine,
-    ):
-        tokenizer = _tokenizer(model_dir)
-        four = run_all(
-            engine,
-            [token_request(f"r{i}", tokenizer.encode(t), MAX_TOKENS) for i, t in enumerate(TEXTS)],
-        )
-        solo = run_all(engine, [token_request("solo", tokenizer.encode(TEXTS[1]), MAX_TOKENS)])
-        counters = dict(settled(engine).counters)
-        assert engine.info is not None
-        weights = engine.info.weights_bytes
-    return [o.tokens for o in [*four, *solo]], counters, weights
+    """Four rows at once, then one alone (test_speculative_mtp's waves), with or without
+    the assistant; (outputs, counters, weights bytes)."""
+    extra = {"draft_model": str(tiny_assistant_dir(echo=echo))} if mode == "draft" else {}
+    return mtp_waves(tiny_gemma4_dir(echo=echo), mode, **extra)
 
 
 @pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])

@@ -41,22 +41,26 @@ def formula_costs(monkeypatch):
 
 
 @functools.cache
-def _tokenizer(model_dir):
+def tokenizer_of(model_dir):
     from mlx_lm.tokenizer_utils import load
 
     return load(model_dir)
 
 
-def waves(model_dir, mode: str):
-    """Four rows at once, then one alone, in one engine; (outputs, counters, weights bytes)."""
-    spec = {"mode": mode, "max_draft_tokens": 3, **WIDE}
+def waves(model_dir, mode: str, **extra: str):
+    """Four rows at once, then one alone, in one engine; (outputs, counters, weights bytes).
+
+    ``extra``: more ``[speculative]`` keys (a ``draft_model``); also used by
+    test_speculative_assistant.py.
+    """
+    spec = {"mode": mode, "max_draft_tokens": 3, **WIDE, **extra}
     with (
         full_depth(True),
         running_engine(
             model_dir, batch={"size": 4, "prompt_concurrency": 4}, speculative=spec
         ) as engine,
     ):
-        tokenizer = _tokenizer(model_dir)
+        tokenizer = tokenizer_of(model_dir)
         four = run_all(
             engine,
             [token_request(f"r{i}", tokenizer.encode(t), MAX_TOKENS) for i, t in enumerate(TEXTS)],
@@ -179,7 +183,7 @@ def test_a_qwen_mtp_head_drafts_what_its_target_will_choose(family):
     x = mx.array([[5, 9, 12]])
     assert mx.allclose(head.head(head.trunk(x, None)), model(x), atol=1e-5)
 
-    prompt = _tokenizer(model_dir).encode(TEXTS[0])
+    prompt = tokenizer_of(model_dir).encode(TEXTS[0])
     cache = make_prompt_cache(model)
     head.trunk(mx.array([prompt[:-1]]), cache)
     drafter = MtpDrafter(head)
@@ -308,7 +312,7 @@ def test_the_head_is_fed_the_prompt_during_prefill_and_drafts_at_the_first_step(
 
     loaded = attach_mtp(_loaded(tiny_mtp_dir("deepseek_v3")), SpeculativeSettings(mode="mtp"))
     head = loaded.draft
-    tokenizer = _tokenizer(tiny_mtp_dir("deepseek_v3"))
+    tokenizer = tokenizer_of(tiny_mtp_dir("deepseek_v3"))
     # 22 and 24 tokens: six chunks each, the last right-padded; both move on together.
     prompts = [tokenizer.encode(TEXTS[1]), (tokenizer.encode(TEXTS[2]) * 3)[:24]]
     assert [len(p) for p in prompts] == [22, 24]
