@@ -156,7 +156,7 @@ def test_a_tight_kv_budget_caps_a_hybrid_models_depth_down_to_zero(tiny_models, 
         held.append(self.budget.admission_budget(0) - free)
         return free
 
-    fits: list[tuple[int, int, int, int]] = []
+    fits: list[tuple[int, int, int, int, int]] = []
     fit = speculator.fit_depth
 
     def fitting(depth, free, need):
