@@ -12,10 +12,10 @@ activations, which the prediction does not count. On an attention-only tiny
 model the activations outweigh a 512-token vocabulary's logits, so there the
 logits part is checked against the forward's logits array alone.
 
-A draft model's per-row caches count in the batch's KV bytes and show in
-``/stats`` ``batch.spec_cache_bytes``; a tight KV budget caps the depth so a
-verify step fits the room it leaves, down to 0, with output equal to
-speculation off.
+A draft model's and an MTP head's per-row caches count in the batch's KV
+bytes, show in ``/stats`` ``batch.spec_cache_bytes`` and leave with their
+rows; a tight KV budget caps the depth so a verify step fits the room it
+leaves, down to 0, with output equal to speculation off.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from mlxd.engine.chat.speculative.rollback import leaves
 from mlxd.engine.chat.speculative.verify_bytes import LOGIT_COPIES, verify_bytes
 from mlxd.engine.policy.spec_depth import StepCosts
 from tests.support.engine import run_all, running_engine, settled, token_request
+from tests.support.tinymtp import tiny_mtp_dir
 
 TEXTS = [
     "one two three one two three one two three one two",
@@ -109,10 +110,20 @@ def test_a_verify_steps_predicted_bytes_match_what_it_allocates(family, tiny_mod
             assert 0.75 * peak <= predicted <= 2.0 * peak, (predicted, peak)
 
 
-def test_a_draft_models_caches_count_in_the_kv_bytes_and_show_in_stats(tiny_models, tiny_loaded):
-    model_dir = tiny_models("llama")
-    _, tokenizer = tiny_loaded("llama")
-    spec = {"mode": "draft", "draft_model": str(model_dir), "max_draft_tokens": 2}
+@pytest.mark.parametrize("mode", ["draft", "mtp"])
+def test_draft_and_mtp_caches_count_in_the_kv_bytes_and_show_in_stats(
+    mode, tiny_models, tiny_loaded
+):
+    if mode == "draft":
+        model_dir = tiny_models("llama")
+        _, tokenizer = tiny_loaded("llama")
+        spec = {"mode": "draft", "draft_model": str(model_dir), "max_draft_tokens": 2}
+    else:  # an MTP head that predicts its target (tests/support/tinymtp.py)
+        from mlx_lm.tokenizer_utils import load
+
+        model_dir = tiny_mtp_dir("glm4_moe", echo=True)
+        tokenizer = load(model_dir)
+        spec = {"mode": "mtp", "max_draft_tokens": 2}
     steps: list[tuple[int, int, int]] = []
     noted: set[int] = set()
     step, note = BatchLane.step, Scheduler.update_from_output
