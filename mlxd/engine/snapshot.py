@@ -115,6 +115,8 @@ class BatchState:
     spec_mode: str = "off"
     spec_depth: int = 0
     spec_acceptance: float = 0.0
+    # The draft model's or MTP head's per-row caches (counted in kv_bytes).
+    spec_cache_bytes: int = 0
     # The loaded model's KV quantization (0: off) and its KV bytes per token of context.
     kv_bits: int = 0
     kv_bytes_per_token: int = 0

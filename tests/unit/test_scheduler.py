@@ -434,3 +434,21 @@ def test_the_plan_is_frozen_and_leaves_room_for_what_comes_next():
         plan.step = "batch"  # type: ignore[misc]  # frozen on purpose
     join = Join(cast(Any, FakeRow("x", [1])), None)
     assert (join.draft_tokens, join.kv_bytes_per_token, join.position_offsets) == ((), 0, ())
+
+
+# ------------------------------------------------------------ speculation's room
+
+
+def test_a_verify_steps_room_is_the_budget_less_the_larger_of_projection_and_real_bytes():
+    lanes = FakeLanes()
+    sched = make(lanes, kv_budget=100_000)
+    assert sched.spec_room(cast(Any, lanes)) == 100_000  # nothing running
+    add(sched, FakeRow("a", [1] * 10))
+    tick(sched, lanes)
+    projected = sched.budget.batch_projection(cast(Any, lanes), sched.settings)
+    assert 0 < projected < 100_000
+    assert sched.spec_room(cast(Any, lanes)) == 100_000 - projected
+    lanes.real_bytes = projected + 500  # real bytes past the projection (a draft cache)
+    assert sched.spec_room(cast(Any, lanes)) == 100_000 - projected - 500
+    lanes.real_bytes = 200_000  # over the budget: no room, never negative
+    assert sched.spec_room(cast(Any, lanes)) == 0

@@ -15,6 +15,7 @@ from mlxd.engine.policy.spec_depth import (
     StepCosts,
     choose_depth,
     expected_tokens,
+    fit_depth,
     step_cost,
 )
 
@@ -160,3 +161,15 @@ def test_a_slow_first_verify_step_does_not_keep_a_row_plain_for_good():
     costs.record(1, 2, 0.12)
     assert costs.ratio(1, 2) == pytest.approx(1.2)
     assert choose_depth(1, 4, 0.9, 8, costs) >= 1
+
+
+def test_memory_caps_the_depth_to_the_deepest_step_that_fits_the_room():
+    def need(depth: int) -> int:
+        return 100 * (depth + 1)
+
+    assert fit_depth(4, None, need) == 4  # not capped
+    assert fit_depth(4, 10_000, need) == 4
+    assert fit_depth(4, 300, need) == 2
+    assert fit_depth(4, 299, need) == 1
+    assert fit_depth(4, 199, need) == 0  # nothing fits: a plain step
+    assert fit_depth(0, 10_000, need) == 0

@@ -132,8 +132,9 @@ class BatchLane:
 
     @property
     def nbytes(self) -> int:
-        """Real bytes held by every admitted row's cache."""
-        return self._gen.prompt_cache_nbytes
+        """Real bytes held by every admitted row's cache, its draft or MTP cache included."""
+        spec = self.speculator.cache_bytes() if self.speculator is not None else 0
+        return self._gen.prompt_cache_nbytes + spec
 
     def insert(self, row: Row, cache: list[Any] | None, rest: list[int]) -> None:
         """Hand an admitted row to the generator, starting from ``cache`` if any.
@@ -208,6 +209,8 @@ class BatchLane:
             out.append(
                 TokenOut(row, r.token, r.logprobs, r.finish_reason, r.prompt_cache, r.all_tokens)
             )
+        if self.speculator is not None:  # finished rows' draft caches leave with them
+            self.speculator.forget(list(self.rows))
         return out
 
     def _checkpoints(self, uids: list[int]) -> list[Checkpoint]:
@@ -228,6 +231,8 @@ class BatchLane:
         uids = [r.uid for r in rows if r.uid in self.rows]
         for uid in uids:
             let_go(self._loaded.model, self.rows.pop(uid))
+        if self.speculator is not None:
+            self.speculator.forget(list(self.rows))
         if not uids:
             return {}
         return self._gen.remove(uids, return_prompt_caches=return_caches)

@@ -45,6 +45,9 @@ def step(core: EngineCore) -> None:
     """One batched step; every row's token goes out, ended rows leave the batch."""
     batch = core.batch
     assert batch is not None
+    spec = batch.speculator
+    if spec is not None and spec.settings.mode != "off":
+        spec.room = core.scheduler.spec_room(core.lanes)
     try:
         with batch.stats() as stats:
             outs = batch.step()

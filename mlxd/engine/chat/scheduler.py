@@ -162,6 +162,14 @@ class Scheduler:
             self.budget.report(self.budget.claim(lanes, self.settings))
             self.update_room(lanes)
 
+    def spec_room(self, lanes: Lanes) -> int:
+        """The bytes the KV budget leaves the batch now beyond what its rows hold or are
+        projected to hold (draft and MTP caches included): a verify step's transients must
+        fit there (:func:`~mlxd.engine.policy.spec_depth.fit_depth`)."""
+        serial = lanes.serial_bytes() if lanes.serial_row() is not None else 0
+        held = max(self.budget.batch_projection(lanes, self.settings), lanes.batch_bytes())
+        return max(0, self.budget.admission_budget(serial) - held)
+
     def update_from_output(self, kv_bytes: int, *, after_step: bool) -> bool:
         """Record the KV bytes held after an admission or a step; True when a step ended
         over the budget (rows generating past their decode allowance)."""

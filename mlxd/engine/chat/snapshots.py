@@ -60,6 +60,7 @@ def _speculation(core: EngineCore) -> dict[str, Any]:
         "spec_mode": spec.settings.mode,
         "spec_depth": spec.depth,
         "spec_acceptance": round(spec.acceptance.rate, 3),
+        "spec_cache_bytes": spec.cache_bytes(),
     }
 
 

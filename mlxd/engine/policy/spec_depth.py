@@ -29,11 +29,17 @@ wide batch's worth of deep ones. A row count that ran ``REFRESH`` plain steps
 in a row forgets its verify measurements and explores again, so one slow
 verify step (a cold first one, a burst of load) does not keep it plain for good.
 
+Memory caps the depth last (:func:`fit_depth`): a verify step holds every
+position's logits and, on a recurrent model, every position's state until it
+commits (:mod:`mlxd.engine.chat.speculative.verify_bytes`); the deepest
+depth whose step fits the room the KV budget has left is taken, 0 when none does.
+
 Pure: no MLX, no I/O (tests/unit/test_spec_policy.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 OVERHEAD = 0.05
@@ -100,6 +106,19 @@ def choose_depth(
         if gain > need + 1e-9 and gain > best_gain + 1e-9:
             best, best_gain = depth, gain
     return best
+
+
+def fit_depth(depth: int, room: int | None, need: Callable[[int], int]) -> int:
+    """The deepest depth up to ``depth`` whose verify step's bytes (``need(d)``) fit ``room``.
+
+    ``room``: the bytes the KV budget has left (None: not capped). 0 when even
+    depth 1 does not fit: the step is a plain one, which needs nothing extra.
+    """
+    if room is None:
+        return depth
+    while depth > 0 and need(depth) > room:
+        depth -= 1
+    return depth
 
 
 @dataclass

@@ -8,8 +8,8 @@ cache is cut back to the longest prefix it shares with the row's tokens and
 fed what it misses, then the model drafts greedily, one token at a time.
 
 Rows draft one after another (their caches have different lengths): a
-draft model costs ``rows x depth`` small forwards per step. Its caches are
-not counted in the KV budget (a draft model is small; see
+draft model costs ``rows x depth`` small forwards per step. Its caches count
+in the batch's KV bytes (:attr:`Drafter.nbytes`; see
 docs/batching.md#speculative-decoding).
 """
 
@@ -135,6 +135,11 @@ class Drafter:
         self._fed[uid] = history + draft[:-1]
         self._base[uid] = len(tokens)
         return draft
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes every row's draft cache holds."""
+        return sum(c.nbytes for cache in self._caches.values() for c in cache)
 
     def forget(self, live: set[int]) -> None:
         """Drop the caches of rows no longer in the batch."""

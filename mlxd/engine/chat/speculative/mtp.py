@@ -231,6 +231,11 @@ class MtpDrafter:
             row.hiddens = [hidden[r, i] for i in range(took + 1)]
             row.tokens = [*drafts[r][:took], pending[j]]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes every row's head cache holds (they count in the batch's KV bytes)."""
+        return sum(c.nbytes for row in self._rows.values() for c in row.cache or [])
+
     def forget(self, live: set[int]) -> None:
         """Drop the state of rows no longer in the batch."""
         for uid in [u for u in self._rows if u not in live]:

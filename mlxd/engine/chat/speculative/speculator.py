@@ -6,7 +6,9 @@ and the measured acceptance (:mod:`mlxd.engine.policy.spec_depth`), drafts
 for the rows that may speculate, and runs a verify step
 (:mod:`.verify`); when there is nothing to draft, the depth is 0, or the
 cache cannot drop per-row positions (a family :mod:`.rollback` does not
-know), the step is mlx-lm's own, unchanged.
+know), the step is mlx-lm's own, unchanged. The depth is capped last so
+the verify step's transient bytes (:mod:`.verify_bytes`) fit the room the
+KV budget has left (:attr:`Speculator.room`, set by the engine each step).
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ from mlxd.engine.chat.speculative.verify import (
     verifiable,
     verify,
 )
+from mlxd.engine.chat.speculative.verify_bytes import verify_bytes
 from mlxd.engine.policy.spec_depth import (
     Acceptance,
     StepCosts,
     choose_depth,
     default_saturation,
+    fit_depth,
 )
 
 logger = logging.getLogger(__name__)
@@ -91,6 +95,8 @@ class Speculator:
         self._prompts: Any = None  # the lane's prompt batch (set by install)
         # The cost model's prior when the config leaves saturation_tokens unset.
         self._saturation = default_saturation(mx.default_device().type == mx.DeviceType.gpu)
+        # The bytes the KV budget has left for a verify step's transients (None: not capped).
+        self.room: int | None = None
 
     def configure(self, settings: SpeculativeSettings) -> None:
         """New settings, live; the n-gram indexes are rebuilt when their lengths change."""
@@ -146,6 +152,9 @@ class Speculator:
         )
         if depth and self.costs.wants_plain(width):
             depth = self.depth = 0  # time a plain step at this width to compare verify steps with
+        if depth and self.room is not None:
+            need = verify_bytes(batch, self.cache_bytes())
+            depth = self.depth = fit_depth(depth, self.room, lambda d: need.transient(width, d))
         if not rows or depth == 0:
             self.acceptance.record(0, 0)
             return self._plain(width, plain)
@@ -199,6 +208,11 @@ class Speculator:
                 tally.rows[uid] = (before[0] + d, before[1] + a)
         return responses
 
+    def cache_bytes(self) -> int:
+        """Bytes the draft model's or MTP head's per-row caches hold now."""
+        drafter = self._drafter if isinstance(self._drafter, Drafter) else None
+        return sum(d.nbytes for d in (drafter, self._mtp) if d is not None)
+
     def _plain(
         self, rows: int, plain: Callable[[], list[GenerationBatch.Response]]
     ) -> list[GenerationBatch.Response]:
@@ -226,6 +240,10 @@ class Speculator:
         if len(index) == len(tokens):
             index.extend([pending])
         return index.propose(k)
+
+    def forget(self, uids: list[int]) -> None:
+        """Drop the per-row state (draft caches, indexes) of rows not in ``uids``."""
+        self._forget(uids)
 
     def _forget(self, uids: list[int]) -> None:
         if self._drafter is not None:
