@@ -1,5 +1,6 @@
 """Hardening around the daemon's life: abandoned requests and SIGTERM, a model
-path typo in a reload, binding off loopback without an admin token."""
+path typo in a reload, a stalled body off loopback. (Binding off loopback without
+an admin token is loud: tests/dashboard/test_dashboard.py, on its two daemons.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from tests.support.daemon import Daemon, toml_config
 
@@ -127,13 +127,8 @@ def test_model_path_typo_is_refused_before_anything_drains(tmp_path, tiny_models
         t.join(120)
         assert out["lines"][-1] == "data: [DONE]"
         assert stats["model"]["name"] == model
-        # On loopback (this daemon's default host) nothing warns about exposure.
-        page = httpx.get(f"{d.url}/dashboard", timeout=10)
-        assert page.status_code == 200
     finally:
         d.stop()
-    assert "SECURITY: mlxd is bound" not in d.log()
-    assert 'id="exposure-banner"' not in page.text
 
 
 def test_check_config_checks_the_model_directory(tmp_path):
@@ -147,20 +142,6 @@ def test_check_config_checks_the_model_directory(tmp_path):
     (tmp_path / "missing" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "no *.safetensors weights" in r.stderr
-
-
-def test_off_loopback_without_admin_token_is_loud(tmp_path, tiny_models):
-    # Its loopback counterpart (no warning, no banner) ends the typo test above.
-    config = _tiny_config(tiny_models, server={"host": "0.0.0.0", "allow_anonymous_read": True})
-    d = Daemon(tmp_path, config).start()
-    try:
-        page = httpx.get(f"{d.url}/dashboard", timeout=10)
-        assert page.status_code == 200
-    finally:
-        d.stop()
-    assert "SECURITY: mlxd is bound to 0.0.0.0" in d.log()
-    assert 'id="exposure-banner"' in page.text
-    assert "/v1 is open to anyone" in page.text
 
 
 def test_a_model_that_fails_to_load_keeps_its_path_from_clients(tmp_path, tiny_models):
