@@ -85,7 +85,7 @@ TOOLS = ("read_file", "write_file", "list_dir", "grep", "run_shell", "apply_patc
 
 
 def make_session(
-    system_chars: int, turns: int, *, result_chars: int = 600, tools: int = 6, seed: int = 0
+    system_chars: int, turns: int, *, result_chars: int = 600, n_tools: int = 6, seed: int = 0
 ) -> dict[str, Any]:
     """The system prompt, the tools, and each turn's request messages (deterministic)."""
     rng = random.Random(seed)
@@ -109,7 +109,7 @@ def make_session(
                 },
             },
         }
-        for name in TOOLS[:tools]
+        for name in TOOLS[:n_tools]
     ]
     task = {
         "role": "user",
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     args = parse_args(argv)
     session = make_session(
-        args.system_chars, args.turns, result_chars=args.result_chars, tools=args.tools
+        args.system_chars, args.turns, result_chars=args.result_chars, n_tools=args.tools
     )
     report: dict[str, Any] = {
         "settings": {
