@@ -29,7 +29,7 @@ the cold turn on both families, at least mlx_lm.server's cached tokens on
 every turn, and after a restart turn 2 reusing at least 90%.
 
 Usage: ``python benchmarks/agent_session.py [--models llama,qwen3_5|DIR] [--turns 6]
-[--quick] [--no-mlx-lm-server] [--out FILE]``. A Markdown table goes to stdout,
+[--tools 6] [--quick] [--no-mlx-lm-server] [--out FILE]``. A Markdown table goes to stdout,
 progress to stderr, everything to ``--out`` (default
 ``benchmarks/results/agent-session-<date>-<time>.json``).
 """
@@ -81,8 +81,11 @@ def _prose(rng: random.Random, chars: int) -> str:
     return " ".join(out)
 
 
+TOOLS = ("read_file", "write_file", "list_dir", "grep", "run_shell", "apply_patch")
+
+
 def make_session(
-    system_chars: int, turns: int, *, result_chars: int = 600, seed: int = 0
+    system_chars: int, turns: int, *, result_chars: int = 600, n_tools: int = 6, seed: int = 0
 ) -> dict[str, Any]:
     """The system prompt, the tools, and each turn's request messages (deterministic)."""
     rng = random.Random(seed)
@@ -106,7 +109,7 @@ def make_session(
                 },
             },
         }
-        for name in ("read_file", "write_file", "list_dir", "grep", "run_shell", "apply_patch")
+        for name in TOOLS[:n_tools]
     ]
     task = {
         "role": "user",
@@ -346,6 +349,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--result-chars", type=int, default=600, help="each tool result's size (default 600)"
     )
+    p.add_argument(
+        "--tools", type=int, default=len(TOOLS), help=f"tool schemas sent (1..{len(TOOLS)})"
+    )
     p.add_argument("--quick", action="store_true", help="llama only, 3 turns, 3000 characters")
     p.add_argument("--out", type=Path, default=None, help="the JSON report")
     args = p.parse_args(argv)
@@ -354,19 +360,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.system_chars = args.system_chars or (3000 if args.quick else 8000)
     if args.turns < 2:
         p.error("--turns must be at least 2")
+    if not 1 <= args.tools <= len(TOOLS):
+        p.error(f"--tools must be 1..{len(TOOLS)}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    session = make_session(args.system_chars, args.turns, result_chars=args.result_chars)
+    session = make_session(
+        args.system_chars, args.turns, result_chars=args.result_chars, n_tools=args.tools
+    )
     report: dict[str, Any] = {
         "settings": {
             "models": args.models.split(","),
             "turns": args.turns,
             "system_chars": args.system_chars,
             "result_chars": args.result_chars,
+            "tools": args.tools,
             "mlx_lm_server": not args.no_mlx_lm_server,
         },
         "started": dt.datetime.now().isoformat(timespec="seconds"),

@@ -114,7 +114,7 @@ def wait_ready(url: str, failure: str, timeout: float = 300) -> None:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.3)
+        time.sleep(0.05)
     raise RuntimeError(failure)
 
 

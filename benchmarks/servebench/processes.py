@@ -80,7 +80,7 @@ class Server:
                     stats = httpx.get(self.stats_url, timeout=2).json()
                     if stats.get("state") == "failed":
                         raise RuntimeError(f"{self.name}: {stats['model'].get('error')}")
-            time.sleep(0.25)
+            time.sleep(0.05)
         raise TimeoutError(f"{self.name} was not ready after 900 s:\n{self.log_tail()}")
 
     def __exit__(self, *exc: object) -> None:

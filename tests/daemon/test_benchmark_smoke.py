@@ -126,13 +126,15 @@ def test_agent_session_benchmark_replays_a_session_on_both_servers(tmp_path: Pat
     out = tmp_path / "agent.json"
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "agent_session.py"), "--quick",
-        "--turns", "2", "--system-chars", "800", "--result-chars", "200", "--out", str(out),
+        "--turns", "2", "--system-chars", "400", "--result-chars", "200", "--tools", "1",
+        "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(out.read_text())
     (result,) = report["results"]
     assert result["family"] == "KVCache" and report["settings"]["turns"] == 2
+    assert report["settings"]["tools"] == 1
     mlxd, peer, restart = result["mlxd"], result["mlx_lm_server"], result["mlxd_restart"]
     assert [r["turn"] for r in mlxd] == [r["turn"] for r in peer] == ["1", "2", "new"]
     # Both servers saw the same prompts; turn 2 reuses at least turn 1's whole prompt.

@@ -170,12 +170,9 @@ def test_a_busy_port_suggests_a_port_that_is_free() -> None:
         probe.bind(("127.0.0.1", suggested))  # it really was free
 
 
-def test_the_record_is_removed_at_a_clean_stop(tmp_path: Path, tiny_models) -> None:
-    d = Daemon(tmp_path, _config(tiny_models("llama"), free_port(), tmp_path / "state"))
-    d.env.pop("MLXD_SERVER__STATE_DIR", None)
-    d.start()
-    try:
-        assert read_record(tmp_path / "state", d.config_path) is not None
-    finally:
-        d.stop()
-    assert not record_path(tmp_path / "state", d.config_path).exists()
+def test_the_record_is_removed_at_a_clean_stop(daemon: Daemon) -> None:
+    # The module's daemon, last in file order: its record goes when it stops cleanly.
+    state = daemon.workdir / "state"
+    assert read_record(state, daemon.config_path) is not None
+    daemon.stop()
+    assert not record_path(state, daemon.config_path).exists()

@@ -41,6 +41,13 @@ def paths(tiny_models) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
+def unpinned(daemons, paths) -> Daemon:
+    """Both models unpinned, 256 MiB: the two eviction tests in file order (the second
+    puts the budget back to 256 MiB first)."""
+    return daemons.get(config(paths, 256 * MiB), name="overcommit-unpinned")
+
+
+@pytest.fixture(scope="module")
 def pinned(daemons, paths) -> Daemon:
     """Both models pinned, 256 MiB: shared by the pinned tests, each of which lowers the
     budget and then puts it back (and puts it back first, should an earlier one have failed)."""
@@ -93,61 +100,56 @@ def wait_for(predicate, timeout: float = 60.0):
     raise AssertionError("timed out")
 
 
-def test_a_lowered_budget_unloads_idle_models_and_chat_keeps_working(tmp_path, paths):
+def test_a_lowered_budget_unloads_idle_models_and_chat_keeps_working(unpinned, paths):
     need = {m: weights(p) + 8 * MiB for m, p in paths.items()}
-    d = Daemon(tmp_path, config(paths, 256 * MiB)).start()
-    try:
-        assert chat(d, "a").status_code == 200
-        assert chat(d, "b").status_code == 200  # both loaded; b used last
-        assert states(d) == {"a": "loaded", "b": "loaded"}
-        # Both idle as the engines see it (a loaded machine publishes a finished
-        # request's end a moment after its answer): only idle models are evicted.
-        wait_for(lambda: not any(busy(m) for m in d.stats()["fleet"]["models"]))
+    d = unpinned
+    assert chat(d, "a").status_code == 200
+    assert chat(d, "b").status_code == 200  # both loaded; b used last
+    assert states(d) == {"a": "loaded", "b": "loaded"}
+    # Both idle as the engines see it (a loaded machine publishes a finished
+    # request's end a moment after its answer): only idle models are evicted.
+    wait_for(lambda: not any(busy(m) for m in d.stats()["fleet"]["models"]))
 
-        # Room for one model and its KV, not for both.
-        answer = reload(d, config(paths, max(need.values()) + 2 * MiB))
-        assert answer["outcome"] == "applied", answer
-        assert httpx.get(f"{d.url}/ready").status_code == 200
-        for model in ("b", "a", "b"):  # each load unloads the other: never a KV budget of 0
-            reply = chat(d, model)
-            assert reply.status_code == 200, reply.text
-        assert answer["evicted"] == ["a"] and answer["warnings"] == []
-        # Human units where a person reads (the JSON keeps the bytes): the server's
-        # log line with old -> new values, the events' values, the CLI's lines.
-        budget = f"memory.budget 256 MiB → {format_bytes(max(need.values()) + 2 * MiB)}"
-        assert f"reload (POST /admin/reload): applied; applied {budget}" in d.log()
-        (values,) = d.stats()["reloads"][0]["values"]
-        assert values[1:] == ["256 MiB", format_bytes(max(need.values()) + 2 * MiB)]
-        lines, _ = reload_lines(200, answer)
-        assert f"  memory.budget: 256 MiB -> {values[2]} (live)" in lines
-        assert "unloaded to fit [memory] budget: a" in lines
-        events = [(e["model"], e["kind"], e["detail"]) for e in d.stats()["fleet"]["events"]]
-        evicted = [e for e in events if e[1] == "evicted"]
-        assert evicted[0][0] == "a" and "[memory] budget after a reload" in evicted[0][2]
-        assert [m for m, _, _ in evicted] == ["a", "b", "a"]
-        assert d.stats()["fleet"]["over_budget"] is None
-    finally:
-        d.stop()
+    # Room for one model and its KV, not for both.
+    answer = reload(d, config(paths, max(need.values()) + 2 * MiB))
+    assert answer["outcome"] == "applied", answer
+    assert httpx.get(f"{d.url}/ready").status_code == 200
+    for model in ("b", "a", "b"):  # each load unloads the other: never a KV budget of 0
+        reply = chat(d, model)
+        assert reply.status_code == 200, reply.text
+    assert answer["evicted"] == ["a"] and answer["warnings"] == []
+    # Human units where a person reads (the JSON keeps the bytes): the server's
+    # log line with old -> new values, the events' values, the CLI's lines.
+    budget = f"memory.budget 256 MiB → {format_bytes(max(need.values()) + 2 * MiB)}"
+    assert f"reload (POST /admin/reload): applied; applied {budget}" in d.log()
+    (values,) = d.stats()["reloads"][0]["values"]
+    assert values[1:] == ["256 MiB", format_bytes(max(need.values()) + 2 * MiB)]
+    lines, _ = reload_lines(200, answer)
+    assert f"  memory.budget: 256 MiB -> {values[2]} (live)" in lines
+    assert "unloaded to fit [memory] budget: a" in lines
+    events = [(e["model"], e["kind"], e["detail"]) for e in d.stats()["fleet"]["events"]]
+    evicted = [e for e in events if e[1] == "evicted"]
+    assert evicted[0][0] == "a" and "[memory] budget after a reload" in evicted[0][2]
+    assert [m for m, _, _ in evicted] == ["a", "b", "a"]
+    assert d.stats()["fleet"]["over_budget"] is None
 
 
-def test_a_request_short_of_kv_room_unloads_another_idle_model(tmp_path, paths):
+def test_a_request_short_of_kv_room_unloads_another_idle_model(unpinned, paths):
     """Both models fit with a few KiB to spare: a's request needs more KV than b's
     weights leave, so b (idle, unpinned) is unloaded and the request runs."""
     need = {m: weights(p) + 8 * MiB for m, p in paths.items()}
-    d = Daemon(tmp_path, config(paths, 256 * MiB)).start()
-    try:
-        assert chat(d, "b").status_code == 200
-        assert chat(d, "a").status_code == 200
-        answer = reload(d, config(paths, sum(need.values()) + 4 * KiB))
-        assert states(d) == {"a": "loaded", "b": "loaded"}
-        reply = chat(d, "a")
-        assert reply.status_code == 200, reply.text
-        assert answer["outcome"] == "applied" and answer["evicted"] == []
-        assert states(d) == {"a": "loaded", "b": "unloaded"}
-        evicted = [e for e in d.stats()["fleet"]["events"] if e["kind"] == "evicted"]
-        assert evicted[-1]["model"] == "b" and "KV room" in evicted[-1]["detail"]
-    finally:
-        d.stop()
+    d = unpinned
+    assert reload(d, config(paths, 256 * MiB))["outcome"] == "applied"  # room for both
+    assert chat(d, "b").status_code == 200
+    assert chat(d, "a").status_code == 200
+    answer = reload(d, config(paths, sum(need.values()) + 4 * KiB))
+    assert states(d) == {"a": "loaded", "b": "loaded"}
+    reply = chat(d, "a")
+    assert reply.status_code == 200, reply.text
+    assert answer["outcome"] == "applied" and answer["evicted"] == []
+    assert states(d) == {"a": "loaded", "b": "unloaded"}
+    evicted = [e for e in d.stats()["fleet"]["events"] if e["kind"] == "evicted"]
+    assert evicted[-1]["model"] == "b" and "KV room" in evicted[-1]["detail"]
 
 
 def test_pinned_models_over_a_lowered_budget_warn_and_make_the_daemon_unready(pinned, paths):

@@ -243,6 +243,19 @@ def test_the_log_tail_is_for_admins_only(anonymous: Daemon, daemon: Daemon) -> N
     assert "for admins" not in httpx.get(f"{daemon.url}/dashboard/log-tail").text
 
 
+def test_off_loopback_without_admin_token_is_loud(anonymous: Daemon, daemon: Daemon) -> None:
+    # Bound to 0.0.0.0 without an admin token: a warning in the log, a banner on the page.
+    page = httpx.get(f"{anonymous.url}/dashboard", timeout=10)
+    assert page.status_code == 200
+    assert "SECURITY: mlxd is bound to 0.0.0.0" in anonymous.log()
+    assert 'id="exposure-banner"' in page.text and "/v1 is open to anyone" in page.text
+    # On loopback, neither.
+    page = httpx.get(f"{daemon.url}/dashboard", timeout=10)
+    assert page.status_code == 200
+    assert "SECURITY: mlxd is bound" not in daemon.log()
+    assert 'id="exposure-banner"' not in page.text
+
+
 # ---------------------------------------------------------------- browser
 
 

@@ -255,8 +255,8 @@ def soaked(apps, tiny_models):
 
 
 def test_real_kv_bytes_stay_within_the_budget_through_a_soak_with_cancels(soaked):
-    """6 clients, conversations of 5-250-word turns sharing prefixes, 10% cancels, for 40
-    finished turns, 3 cancels and 200 samples or 20 s, whichever comes first; /stats
+    """6 clients, conversations of 5-250-word turns sharing prefixes, 10% cancels, for 24
+    finished turns, a cancel and 120 samples or 20 s, whichever comes first; /stats
     sampled as fast as it answers, and the engine's own per-step peak."""
     daemon, budget = soaked
     model = daemon.model_id()
@@ -266,8 +266,9 @@ def test_real_kv_bytes_stay_within_the_budget_through_a_soak_with_cancels(soaked
     started = time.monotonic()
     stop = started + 20
     # It ends early once it has seen this much (a quiet machine gets there in seconds): the
-    # assertions below need 20 turns, a cancel and 100 samples; the quota is twice that.
-    enough = {"ok": 40, "cancelled": 3, "samples": 200}
+    # assertions below need 20 turns, a cancel and 100 samples; the quota is a little more.
+    # (A bigger quota only makes the run longer: when 20 s pass first, it ends there anyway.)
+    enough = {"ok": 24, "cancelled": 1, "samples": 120}
 
     def done() -> bool:
         if time.monotonic() >= stop:

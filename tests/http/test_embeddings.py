@@ -294,30 +294,6 @@ def test_without_the_extra_the_model_fails_to_load_and_chat_keeps_serving(
         d.stop()
 
 
-def test_unknown_parameters_are_dropped_when_the_config_says_ignore(
-    tmp_path, tiny_models, tiny_embedding_model
-):
-    config = toml_config(
-        models=chat_and_embedding_registry(tiny_models, tiny_embedding_model),
-        server={"unknown_parameters": "ignore"},
-    )
-    d = Daemon(tmp_path / "d", config).start()
-    try:
-        with d.client() as http:
-            body = {"model": "emb", "input": "x", "input_type": "query", "truncate": "END"}
-            response = http.post("/v1/embeddings", json=body)
-            assert response.status_code == 200, response.text
-            assert response.headers["X-Mlxd-Ignored-Parameters"] == "input_type, truncate"
-            assert len(response.json()["data"][0]["embedding"]) == DIMS
-            # Known parameters are still checked.
-            bad = http.post("/v1/embeddings", json={**body, "encoding_format": "hex"})
-            assert_error(bad, 400, "invalid_value", "encoding_format")
-        # The embedding thread's MLX state is released before exit: a clean 0, no abort.
-        assert d.stop() == 0, d.log()[-3000:]
-    finally:
-        d.stop()
-
-
 def test_an_embedding_model_shares_the_memory_budget_with_chat(
     tmp_path, tiny_models, tiny_embedding_model
 ):
@@ -355,10 +331,15 @@ def test_an_embedding_model_shares_the_memory_budget_with_chat(
         d.stop()
 
 
-def test_a_reload_adds_and_removes_the_embedding_model(tmp_path, tiny_models, tiny_embedding_model):
+def test_a_reload_adds_changes_and_removes_the_embedding_model(
+    tmp_path, tiny_models, tiny_embedding_model
+):
+    """One daemon: a reload adds the embedding model, changes its batch size while it is
+    loaded, and removes it; with ``unknown_parameters = "ignore"`` all along."""
     both = chat_and_embedding_registry(tiny_models, tiny_embedding_model)
     chat_only = {"chat": both["chat"]}
-    d = Daemon(tmp_path / "d", toml_config(models=chat_only)).start()
+    server = {"unknown_parameters": "ignore"}
+    d = Daemon(tmp_path / "d", toml_config(models=chat_only, server=server)).start()
     try:
         with d.client() as http:
             assert_error(
@@ -366,12 +347,34 @@ def test_a_reload_adds_and_removes_the_embedding_model(tmp_path, tiny_models, ti
                 404,
                 "model_not_found",
             )
-            d.write_config(toml_config(models=both))
+            d.write_config(toml_config(models=both, server=server))
             assert d.reload().status_code == 200
             ok = http.post("/v1/embeddings", json={"model": "emb", "input": ["x", "y"]})
             assert ok.status_code == 200, ok.text
             assert len(ok.json()["data"]) == 2
-            d.write_config(toml_config(models=chat_only))
+
+            # Unknown parameters are dropped when the config says ignore.
+            body = {"model": "emb", "input": "x", "input_type": "query", "truncate": "END"}
+            response = http.post("/v1/embeddings", json=body)
+            assert response.status_code == 200, response.text
+            assert response.headers["X-Mlxd-Ignored-Parameters"] == "input_type, truncate"
+            assert len(response.json()["data"][0]["embedding"]) == DIMS
+            # Known parameters are still checked.
+            bad = http.post("/v1/embeddings", json={**body, "encoding_format": "hex"})
+            assert_error(bad, 400, "invalid_value", "encoding_format")
+
+            # A reload changes the batch size of the loaded embedding model.
+            def limit() -> int:
+                fleet = http.get("/stats").json()["fleet"]["models"]
+                return next(m for m in fleet if m["id"] == "emb")["engine"]["batch_limit"]
+
+            assert limit() == 4
+            resized = {**both, "emb": {**both["emb"], "batch": {"size": 2}}}
+            d.write_config(toml_config(models=resized, server=server))
+            assert d.reload().status_code == 200
+            assert limit() == 2
+
+            d.write_config(toml_config(models=chat_only, server=server))
             assert d.reload().status_code == 200
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -394,31 +397,8 @@ def test_a_reload_adds_and_removes_the_embedding_model(tmp_path, tiny_models, ti
                 },
             )
             assert chat.status_code == 200, chat.text
+        # The embedding thread's MLX state is released before exit: a clean 0, no abort.
         assert d.stop() == 0, d.log()[-3000:]
-    finally:
-        d.stop()
-
-
-def test_a_reload_changes_the_batch_size_of_a_loaded_embedding_model(
-    tmp_path, tiny_models, tiny_embedding_model
-):
-    models = chat_and_embedding_registry(tiny_models, tiny_embedding_model)
-    d = Daemon(tmp_path / "d", toml_config(models=models)).start()
-    try:
-        with d.client() as http:
-            assert (
-                http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).status_code == 200
-            )
-
-            def limit() -> int:
-                fleet = http.get("/stats").json()["fleet"]["models"]
-                return next(m for m in fleet if m["id"] == "emb")["engine"]["batch_limit"]
-
-            assert limit() == 4
-            models["emb"]["batch"] = {"size": 2}
-            d.write_config(toml_config(models=models))
-            assert d.reload().status_code == 200
-            assert limit() == 2
     finally:
         d.stop()
 

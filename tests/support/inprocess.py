@@ -166,7 +166,7 @@ class AppInProcess(Daemon):
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.1)
+            time.sleep(0.02)
         raise TimeoutError(f"the app was not ready after {timeout}s:\n{self.log()}")
 
     def signal(self, sig: int) -> None:
