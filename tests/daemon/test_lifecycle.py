@@ -75,7 +75,12 @@ def test_abandoned_requests_end_their_handlers_and_sigterm_is_prompt(tmp_path, t
         _wait(lambda: not d.stats()["busy"])
         # (A random-weight row may end early; most outlast their client.)
         assert len(gave_up) >= 4 and False in gave_up
-        assert d.stats()["counters"]["requests"]["batch"]["cancelled"] == len(gave_up)
+        # A client that gives up while its request is still being tokenized is
+        # cancelled in intake (counted as a rejection); on a loaded machine that
+        # is where half of them were once, with only the batch counted.
+        counters = d.stats()["counters"]
+        cancelled = counters["requests"]["batch"]["cancelled"]
+        assert cancelled + counters["rejected"].get("cancelled", 0) == len(gave_up), counters
         started = time.monotonic()
         d.signal(signal.SIGTERM)
         assert d.proc.wait(30) == 0
