@@ -26,7 +26,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "free_ports"]
 
 _LOW = 20000
 _lock = threading.Lock()
@@ -79,12 +79,22 @@ def _claim(port: int) -> bool:
 def free_port() -> int:
     """A port nothing holds now, never handed out before by this process nor by any
     other process alive that uses this module."""
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` consecutive ports, each one as :func:`free_port` gives it (``mlx.launch``
+    takes its ranks' ports from one ``--starting-port`` up)."""
     global _cursor
     with _lock:
         for _ in range(_HIGH - _LOW):
-            port = _cursor
+            start = _cursor
             _cursor = _cursor + 1 if _cursor + 1 < _HIGH else _LOW
-            if port not in _given and _bindable(port) and _claim(port):
-                _given.add(port)
-                return port
-    raise RuntimeError(f"no free port between {_LOW} and {_HIGH}")
+            block = list(range(start, start + n))
+            if block[-1] >= _HIGH or any(p in _given or not _bindable(p) for p in block):
+                continue
+            if all(_claim(p) for p in block):
+                _given.update(block)
+                _cursor = block[-1] + 1 if block[-1] + 1 < _HIGH else _LOW
+                return block
+    raise RuntimeError(f"no {n} free ports in a row between {_LOW} and {_HIGH}")

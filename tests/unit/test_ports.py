@@ -55,3 +55,9 @@ def test_a_port_another_process_picked_is_not_given_again(monkeypatch):
         other.communicate("")
     _walk_from(monkeypatch, theirs)  # it exited: the kernel dropped its claim
     assert ports.free_port() == theirs
+
+
+def test_a_block_of_ports_is_consecutive_and_never_given_again():
+    block = ports.free_ports(3)
+    assert block == list(range(block[0], block[0] + 3))
+    assert not set(block) & {ports.free_port() for _ in range(20)}
