@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.daemon import free_port, toml_config
+from tests.support.ports import free_ports
 
 
 def test_two_ranks_under_mlx_launch(tmp_path, tiny_models):
@@ -33,7 +34,8 @@ def test_two_ranks_under_mlx_launch(tmp_path, tiny_models):
     bindir = Path(sys.executable).parent
     cmd = [
         str(bindir / "mlx.launch"), "-n", "2", "--backend", "ring",
-        "--starting-port", str(free_port()), "--python", sys.executable,
+        # Rank r's ring port is the starting port + r: both claimed, not only the first.
+        "--starting-port", str(free_ports(2)[0]), "--python", sys.executable,
         str(bindir / "mlxd"), "serve", "--config", str(config),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}

@@ -7,6 +7,8 @@ mlx_lm.server are started, driven and reported), not how fast anything is.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,32 @@ POSITIVE = (
 )
 
 
+def run_script(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark script; on ``timeout`` end it *and the servers it started*.
+
+    ``subprocess.run(timeout=)`` kills only the script: its mlxd and
+    mlx_lm.server children lived on, serving nothing and loading the machine
+    for the rest of the suite (two were found running 12 minutes after a
+    loaded run timed the quick benchmark out). The script runs in its own
+    session so that its whole process group goes.
+    """
+    with subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def test_quick_benchmark_writes_json_and_table(tiny_models, tmp_path: Path) -> None:
     out = tmp_path / "serving.json"
     cmd = [
@@ -32,7 +60,7 @@ def test_quick_benchmark_writes_json_and_table(tiny_models, tmp_path: Path) -> N
         "--model", str(tiny_models("llama")), "--mlx-lm-server",
         "--stats-interval", "0.02", "--out", str(out),
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    done = run_script(cmd, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
 
     report = json.loads(out.read_text())
@@ -79,7 +107,7 @@ def test_prompt_concurrency_sweep_runs_each_value(tiny_models, tmp_path: Path) -
         "--values", "1,4", "--repeats", "1", "--model", str(tiny_models("llama")),
         "--stats-interval", "0.02", "--out", str(out),
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    done = run_script(cmd, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["values"] == [1, 4] and report["concurrency"] == [1, 4]
@@ -98,7 +126,7 @@ def test_structured_benchmark_runs_on_a_tiny_model(tiny_models, tmp_path: Path) 
         "--model", str(tiny_models("llama")), "--waves", "1", "--max-tokens", "16",
         "--concurrency", "4", "--out", str(out),
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = run_script(cmd, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(out.read_text())
     waves = report["throughput"]["waves"]
@@ -115,7 +143,7 @@ def test_fleet_benchmark_runs_on_two_tiny_models(tiny_models) -> None:
         "--a", str(tiny_models("llama")), "--b", str(tiny_models("llama_b")),
         "--tokens", "8", "--concurrency", "2", "--cycles", "2",
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    done = run_script(cmd, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "| cold TTFT (load + prefill), s |" in done.stdout
     assert "2 streams to each model at once:" in done.stdout
@@ -129,7 +157,7 @@ def test_agent_session_benchmark_replays_a_session_on_both_servers(tmp_path: Pat
         "--turns", "2", "--system-chars", "400", "--result-chars", "200", "--tools", "1",
         "--out", str(out),
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    done = run_script(cmd, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(out.read_text())
     (result,) = report["results"]
@@ -157,7 +185,7 @@ def test_priority_benchmark_measures_fifo_against_preemption(tiny_models, tmp_pa
         "--model", str(tiny_models("llama")), "--modes", "fifo,preempt", "--out", str(out),
         "--seconds", "2",  # a window that sees a few interactive requests: it runs, that is all
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    done = run_script(cmd, timeout=180)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"fifo", "preempt"}
@@ -173,7 +201,7 @@ def test_speculative_benchmark_compares_modes_in_one_daemon(tiny_models, tmp_pat
         sys.executable, str(ROOT / "benchmarks" / "speculative.py"), "--quick",
         "--model", str(tiny_models("llama")), "--tasks", "copy", "--out", str(out),
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    done = run_script(cmd, timeout=180)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]
     assert {(r["mode"], r["c"]) for r in rows} == {("off", 2), ("prompt_lookup", 2)}

@@ -244,9 +244,13 @@ def test_keep_alive_unloads_an_idle_model_and_a_request_loads_it_again(tmp_path,
     )
     d = Daemon(tmp_path, config).start()
     try:
+        asked = time.monotonic()
         assert chat(d, "b").status_code == 200
-        assert states(d)["b"] == "loaded"
+        # Loaded right after its answer, unless the machine stalled past the keep_alive
+        # meanwhile (whole-VM stalls of 1.6 s, once over 3 s, were seen under load) ...
+        assert states(d)["b"] == "loaded" or time.monotonic() - asked > 2
         wait_for(lambda: states(d)["b"] == "unloaded", timeout=15)
+        assert time.monotonic() - asked > 2  # ... and never unloaded before it
         idle = [e for e in d.stats()["fleet"]["events"] if e["kind"] == "idle"]
         assert idle and idle[0]["model"] == "b" and "keep_alive" in idle[0]["detail"]
         assert states(d)["a"] == "loaded"  # pinned: never idles out

@@ -75,7 +75,12 @@ def test_abandoned_requests_end_their_handlers_and_sigterm_is_prompt(tmp_path, t
         _wait(lambda: not d.stats()["busy"])
         # (A random-weight row may end early; most outlast their client.)
         assert len(gave_up) >= 4 and False in gave_up
-        assert d.stats()["counters"]["requests"]["batch"]["cancelled"] == len(gave_up)
+        # A client that gives up while its request is still being tokenized is
+        # cancelled in intake (counted as a rejection); on a loaded machine that
+        # is where half of them were once, with only the batch counted.
+        counters = d.stats()["counters"]
+        cancelled = counters["requests"]["batch"]["cancelled"]
+        assert cancelled + counters["rejected"].get("cancelled", 0) == len(gave_up), counters
         started = time.monotonic()
         d.signal(signal.SIGTERM)
         assert d.proc.wait(30) == 0
@@ -86,7 +91,10 @@ def test_abandoned_requests_end_their_handlers_and_sigterm_is_prompt(tmp_path, t
     # uvicorn reports handler tasks it had to cancel; there must be none left.
     assert "graceful shutdown exceeded" not in log, log[-2000:]
     assert "Cancel " not in log
-    assert took < 1.0 + 2.5, took
+    # The shutdown_timeout and the exit (1.5 s under load), with room for a stall
+    # of the whole machine (1.6 s ones were measured on the 2-core VM under load);
+    # handlers left waiting would show in the log lines above.
+    assert took < 1.0 + 5.0, took
 
 
 def test_model_path_typo_is_refused_before_anything_drains(tmp_path, tiny_models):
@@ -101,7 +109,7 @@ def test_model_path_typo_is_refused_before_anything_drains(tmp_path, tiny_models
                 "model": model,
                 "messages": [{"role": "user", "content": "long"}],
                 # Seconds of decoding: the two refused reloads below take about a tenth of
-                # a second (each must take under 2 s), and the stream must outlast them.
+                # a second (each must take under 4 s), and the stream must outlast them.
                 "max_tokens": 1000,
                 "stream": True,
             }
@@ -116,7 +124,7 @@ def test_model_path_typo_is_refused_before_anything_drains(tmp_path, tiny_models
             started = time.monotonic()
             r = d.reload()
             assert r.status_code == 400, r.text
-            assert time.monotonic() - started < 2
+            assert time.monotonic() - started < 4  # 0.1 s here; whole-VM stalls of 1.6 s seen
             body = r.json()
             assert body["error"]["code"] == "invalid_config"
             assert "[model] path" in body["error"]["message"]

@@ -203,10 +203,12 @@ def test_a_tool_whose_parameters_are_themselves_is_refused(hermes: Daemon):
 def test_the_event_loop_answers_while_large_schemas_compile(hermes_process: Daemon):
     hermes = hermes_process
 
-    # Schemas within the limits that take llguidance a while: 4,000 required
-    # properties, a different one per request so none is cached. /health is
-    # polled meanwhile; its slowest answer is compared with how long the
-    # requests spent being checked and compiled.
+    # Schemas that take llguidance a while: 4,000 required properties, a
+    # different one per request so none is cached. They pass mlxd's own limits,
+    # and llguidance 1.9 refuses each after a second or more of compiling
+    # ("initial lexer configuration (grammar) too big"; 900 compile, 1,000 do
+    # not). /health is polled meanwhile; its slowest answer is compared with how
+    # long the requests spent being checked and compiled.
     def schema(k: int) -> dict[str, Any]:
         names = [f"k{k}_{i}" for i in range(4000)]
         return {
@@ -217,12 +219,12 @@ def test_the_event_loop_answers_while_large_schemas_compile(hermes_process: Daem
 
     path, body, _ = APIS["chat"]
     durations: list[float] = []
+    answers: list[httpx.Response] = []
 
     def one(k: int) -> None:
         started = time.monotonic()
-        r = post(hermes, path, {**body(schema(k)), "max_tokens": 2})
+        answers.append(post(hermes, path, {**body(schema(k)), "max_tokens": 2}))
         durations.append(time.monotonic() - started)
-        assert r.status_code == 200, r.text[:300]
 
     with httpx.Client(base_url=hermes.url, timeout=30) as client:
         client.get("/health")
@@ -238,6 +240,10 @@ def test_the_event_loop_answers_while_large_schemas_compile(hermes_process: Daem
         for t in threads:
             t.join()
     assert len(durations) == 4
+    # Checked here (an assert in the threads only warned, and it asserted a 200
+    # that never came): each was compiled, and refused by the compile.
+    for r in answers:
+        assert r.status_code == 400 and "lexer configuration" in r.text, r.text[:300]
     # Each request spent most of its time in the schema checks and the compile
     # (two tokens of a tiny model take milliseconds); /health never waited for them.
     print(f"slowest /health {slowest:.3f} s; requests {sorted(durations)}")

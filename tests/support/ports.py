@@ -7,17 +7,26 @@ port), and any outgoing connection may take it as its source port meanwhile.
 So ports come from below the kernel's ephemeral range, which it never hands
 out on its own; each process walks that range from its own start, never
 gives a port twice, and skips any port something already holds.
+
+Between the pick and the bind (a daemon's start, a cluster's ranks joining:
+seconds on a loaded machine) nothing holds the port yet, so another process
+walking the same stretch (the other pytest worker, a benchmark script) could
+pick it too. Each pick is therefore also claimed across processes: a POSIX
+record lock on the port's byte of one shared file, held until the process
+that picked it exits (the kernel drops it then, even after a kill -9).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "free_ports"]
 
 _LOW = 20000
 _lock = threading.Lock()
@@ -49,14 +58,43 @@ def _bindable(port: int) -> bool:
     return True
 
 
+# The shared file whose byte N is port N's claim (opened once per process, kept open:
+# closing any descriptor of it would drop this process's locks).
+_CLAIMS = Path(tempfile.gettempdir()) / "mlxd-test-ports.lock"
+_claims_fd: int | None = None
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` for this process's life; False if another live process has it."""
+    global _claims_fd
+    if _claims_fd is None:
+        _claims_fd = os.open(_CLAIMS, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.lockf(_claims_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
+    except OSError:
+        return False
+    return True
+
+
 def free_port() -> int:
-    """A port nothing holds now, never handed out before by this process."""
+    """A port nothing holds now, never handed out before by this process nor by any
+    other process alive that uses this module."""
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` consecutive ports, each one as :func:`free_port` gives it (``mlx.launch``
+    takes its ranks' ports from one ``--starting-port`` up)."""
     global _cursor
     with _lock:
         for _ in range(_HIGH - _LOW):
-            port = _cursor
+            start = _cursor
             _cursor = _cursor + 1 if _cursor + 1 < _HIGH else _LOW
-            if port not in _given and _bindable(port):
-                _given.add(port)
-                return port
-    raise RuntimeError(f"no free port between {_LOW} and {_HIGH}")
+            block = list(range(start, start + n))
+            if block[-1] >= _HIGH or any(p in _given or not _bindable(p) for p in block):
+                continue
+            if all(_claim(p) for p in block):
+                _given.update(block)
+                _cursor = block[-1] + 1 if block[-1] + 1 < _HIGH else _LOW
+                return block
+    raise RuntimeError(f"no {n} free ports in a row between {_LOW} and {_HIGH}")
