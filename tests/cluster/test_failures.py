@@ -137,7 +137,9 @@ def test_kill_9_of_rank_0_ends_the_follower_long_before_step_timeout(tmp_path, t
 def test_a_hung_rank_trips_the_step_watchdog(tmp_path, tiny_models):
     """SIGSTOP keeps rank 1's sockets open: collectives block instead of failing."""
     hostfile = write_hostfile(tmp_path, 2)
-    config = cluster_config(tiny_models("llama"), hostfile, cluster={"step_timeout": 3.0})
+    # 6 s, not less: a loaded 2-core VM was seen stalling every process for ~4 s at once,
+    # which tripped a 3 s watchdog before the SIGSTOP.
+    config = cluster_config(tiny_models("llama"), hostfile, cluster={"step_timeout": 6.0})
     c = Cluster(tmp_path, config).start()
     try:
         model = c.rank0.model_id()
@@ -151,7 +153,7 @@ def test_a_hung_rank_trips_the_step_watchdog(tmp_path, tiny_models):
         assert code == 3, c.logs()
         assert time.monotonic() - stopped_at < 20
         assert seen["error"]["code"] == "peer_lost", seen
-        assert "step_timeout (3s)" in seen["error"]["message"]
+        assert "step_timeout (6s)" in seen["error"]["message"]
     finally:
         if c.ranks[1].proc.poll() is None:
             c.ranks[1].proc.send_signal(signal.SIGKILL)

@@ -60,15 +60,24 @@ def _bindable(port: int) -> bool:
 
 # The shared file whose byte N is port N's claim (opened once per process, kept open:
 # closing any descriptor of it would drop this process's locks).
-_CLAIMS = Path(tempfile.gettempdir()) / "mlxd-test-ports.lock"
+# One file per user: another user's file may not be writable here.
+_CLAIMS = Path(tempfile.gettempdir()) / f"mlxd-test-ports-{os.getuid()}.lock"
 _claims_fd: int | None = None
 
 
 def _claim(port: int) -> bool:
-    """Claim ``port`` for this process's life; False if another live process has it."""
+    """Claim ``port`` for this process's life; False if another live process has it.
+
+    Without the claims file (an unwritable temp folder) every port counts as
+    claimed by this process alone, as before claims existed."""
     global _claims_fd
     if _claims_fd is None:
-        _claims_fd = os.open(_CLAIMS, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            _claims_fd = os.open(_CLAIMS, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            _claims_fd = -1
+    if _claims_fd < 0:
+        return True
     try:
         fcntl.lockf(_claims_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
     except OSError:
