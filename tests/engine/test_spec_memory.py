@@ -31,7 +31,7 @@ from mlxd.engine.chat.scheduler import Scheduler
 from mlxd.engine.chat.speculative import speculator
 from mlxd.engine.chat.speculative.rollback import leaves
 from mlxd.engine.chat.speculative.verify_bytes import LOGIT_COPIES, verify_bytes
-from mlxd.engine.policy.spec_depth import StepCosts
+from tests.engine.test_speculative import full_depth
 from tests.support.engine import run_all, running_engine, settled, token_request
 from tests.support.tinymtp import tiny_mtp_dir
 
@@ -49,18 +49,11 @@ def requests(tokenizer, tag: str):
     return [token_request(f"{tag}{i}", tokenizer.encode(t), 24) for i, t in enumerate(TEXTS)]
 
 
-def full_depth():
-    """The cost model out of the way: every step asks for ``max_draft_tokens``."""
-    return (
-        mock.patch.object(speculator, "choose_depth", lambda rows, max_depth, *_: max_depth),
-        mock.patch.object(StepCosts, "wants_plain", lambda self, rows: False),
-    )
-
-
 def run(model_dir, tokenizer, tag, spec, batch=BATCH, patches=()):
     """Greedy outputs of the four requests in one engine, and its snapshot after."""
     with ExitStack() as stack:
-        for patch in (*full_depth(), *patches):
+        stack.enter_context(full_depth(True))  # every step asks for max_draft_tokens
+        for patch in patches:
             stack.enter_context(patch)
         with running_engine(model_dir, batch=batch, speculative=spec) as engine:
             outs = run_all(engine, requests(tokenizer, tag))

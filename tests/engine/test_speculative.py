@@ -80,6 +80,7 @@ def full_depth(on: bool):
     with (
         mock.patch.object(speculator, "choose_depth", lambda rows, max_depth, *_: max_depth),
         mock.patch.object(StepCosts, "wants_plain", lambda self, rows: False),
+        mock.patch.object(speculator, "worth_verifying", lambda *_: True),
     ):
         yield
 

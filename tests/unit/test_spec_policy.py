@@ -17,6 +17,7 @@ from mlxd.engine.policy.spec_depth import (
     expected_tokens,
     fit_depth,
     step_cost,
+    worth_verifying,
 )
 
 
@@ -173,3 +174,33 @@ def test_memory_caps_the_depth_to_the_deepest_step_that_fits_the_room():
     assert fit_depth(4, 299, need) == 1
     assert fit_depth(4, 199, need) == 0  # nothing fits: a plain step
     assert fit_depth(0, 10_000, need) == 0
+
+
+def test_a_step_is_priced_again_with_the_drafts_the_rows_really_made():
+    """choose_depth assumes every row drafts; prompt lookup drafts for some. At four rows
+    on the CPU prior, depth 2 pays when every row drafts and not when one row does."""
+    a = 0.8
+    assert choose_depth(4, 2, a, SATURATION_CPU) == 2
+    assert worth_verifying([2, 2, 2, 2], a, SATURATION_CPU)
+    assert not worth_verifying([2, 0, 0, 0], a, SATURATION_CPU)
+    # the same arithmetic as the depth: rows' expected tokens over the width's cost
+    tokens = expected_tokens(2, a) + expected_tokens(1, a) + 1
+    assert worth_verifying([2, 1, 0], a, SATURATION_CPU) == (
+        tokens / (3 * step_cost(3, 2, SATURATION_CPU)) > 1 + MARGIN
+    )
+    assert not worth_verifying([0, 0], a, SATURATION_CPU)
+    assert not worth_verifying([], a, SATURATION_CPU)
+    # one row alone drafting: what choose_depth would have said
+    assert worth_verifying([3], 0.9, SATURATION_CPU) == (
+        choose_depth(1, 3, 0.9, SATURATION_CPU) > 0
+    )
+
+
+def test_a_measured_width_prices_the_drafts_without_the_margin():
+    costs = StepCosts()
+    costs.record(4, 1, 0.100)
+    costs.record(4, 3, 0.120)  # width 3 measured at 1.2x a plain step
+    # two rows of four with depth-2 drafts at a = 0.5: (2 * 1.75 + 2) / 4 = 1.375 > 1.2
+    assert worth_verifying([2, 2, 0, 0], 0.5, SATURATION_CPU, costs)
+    # one row: (1.75 + 3) / 4 = 1.19 < 1.2
+    assert not worth_verifying([2, 0, 0, 0], 0.5, SATURATION_CPU, costs)

@@ -45,6 +45,7 @@ from mlxd.engine.policy.spec_depth import (
     choose_depth,
     default_saturation,
     fit_depth,
+    worth_verifying,
 )
 
 logger = logging.getLogger(__name__)
@@ -184,6 +185,8 @@ class Speculator:
         mtp = (
             self._mtp if settings.mode == "mtp" else assistant if settings.mode == "draft" else None
         )
+        if mtp is None and any(drafts) and not self._pays(drafts):
+            drafts = [[] for _ in batch.uids]  # too few rows drafted to pay for the width
         # MTP rows draft from the hidden state a verify step keeps: get it when none has one.
         if not any(drafts) and (mtp is None or not asked):
             self.acceptance.record(0, 0)
@@ -207,6 +210,12 @@ class Speculator:
                 before = tally.rows.get(uid, (0, 0))
                 tally.rows[uid] = (before[0] + d, before[1] + a)
         return responses
+
+    def _pays(self, drafts: list[list[int]]) -> bool:
+        """Whether the drafts the rows made pay for their verify step's width."""
+        saturation = self.settings.saturation_tokens or self._saturation
+        lengths = [len(d) for d in drafts]
+        return worth_verifying(lengths, self.acceptance.rate, saturation, self.costs)
 
     def cache_bytes(self) -> int:
         """Bytes the draft model's or MTP head's per-row caches hold now."""
