@@ -165,37 +165,34 @@ class Speculator:
         if assistant is not None:
             assistant.attend(batch)
         drafts: list[list[int]] = [[] for _ in batch.uids]
-        mtp = self._mtp if settings.mode == "mtp" else None
+        heads = self._mtp if settings.mode == "mtp" else None
         asks: list[tuple[int, list[int], int, int]] = []
         for i in rows:
             room = batch.max_tokens[i] - batch._num_tokens[i] - 1
             if room > 0:
                 asks.append((batch.uids[i], batch.tokens[i], pending[i], min(depth, room)))
         asked = bool(asks)
-        if mtp is not None:  # every row's head in one forward per depth
-            proposed = mtp.propose_rows(asks)
+        if heads is not None:  # every row's head in one forward per depth
+            proposed = heads.propose_rows(asks)
         else:
             proposed = [self._draft(*ask) for ask in asks]
         at = {uid: i for i, uid in enumerate(batch.uids)}
         for (uid, _, _, _), draft in zip(asks, proposed, strict=True):
             i = at[uid]
             drafts[i] = cut(lane[i], self.eos, pending[i], draft)
-        self._forget(batch.uids)
-        # MTP heads and a Gemma 4 assistant both keep the verify pass's hidden states.
-        mtp = (
-            self._mtp if settings.mode == "mtp" else assistant if settings.mode == "draft" else None
-        )
-        if mtp is None and any(drafts) and not self._pays(drafts):
+        # MTP heads and a Gemma 4 assistant draft from the hidden states a verify step keeps.
+        hidden = heads if heads is not None else assistant if settings.mode == "draft" else None
+        if hidden is None and any(drafts) and not self._pays(drafts):
             drafts = [[] for _ in batch.uids]  # too few rows drafted to pay for the width
-        # MTP rows draft from the hidden state a verify step keeps: get it when none has one.
-        if not any(drafts) and (mtp is None or not asked):
+        # Rows that draft from hidden states: a verify step gets them when none has one.
+        if not any(drafts) and (hidden is None or not asked):
             self.acceptance.record(0, 0)
             return self._plain(width, plain)
         uids = list(batch.uids)
-        forward = mtp.forward if mtp is not None else None
+        forward = hidden.forward if hidden is not None else None
         responses, verified = verify(batch, pending, drafts, forward, lane)
-        if mtp is not None:
-            mtp.observe(batch, uids, drafts, verified.accepted)
+        if hidden is not None:
+            hidden.observe(batch, uids, drafts, verified.accepted)
         if any(drafts):
             self.costs.record(width, verified.width, time.perf_counter() - started)
         self._plain_rows = 0
@@ -251,10 +248,8 @@ class Speculator:
         return index.propose(k)
 
     def forget(self, uids: list[int]) -> None:
-        """Drop the per-row state (draft caches, indexes) of rows not in ``uids``."""
-        self._forget(uids)
-
-    def _forget(self, uids: list[int]) -> None:
+        """Drop the per-row state (draft caches, indexes) of rows not in ``uids``; the lane
+        calls it after every step and removal, so a row's state leaves with the row."""
         if self._drafter is not None:
             self._drafter.forget(set(uids))
         if self._mtp is not None:  # rows still prefilling keep what their chunks fed
