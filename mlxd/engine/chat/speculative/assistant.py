@@ -33,6 +33,7 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from mlxd.engine.chat.speculative.assistant_model import AssistantModel
+from mlxd.engine.chat.speculative.verify import survivors
 
 
 @dataclass
@@ -131,13 +132,8 @@ class AssistantDrafter:
         self._batch, self._at = None, {}
         if hidden is None or not batch.uids:
             return
-        at = {uid: r for r, uid in enumerate(uids)}
-        assert batch._next_tokens is not None
-        pending = cast("list[int]", batch._next_tokens.tolist())
-        for j, uid in enumerate(batch.uids):
-            r = at.get(uid)
-            if r is not None:
-                self._rows[uid] = _Row(len(batch.tokens[j]), pending[j], hidden[r, accepted[r]])
+        for j, r, pending in survivors(batch, uids):
+            self._rows[uids[r]] = _Row(len(batch.tokens[j]), pending, hidden[r, accepted[r]])
 
     def forget(self, live: set[int]) -> None:
         """Drop the state of rows no longer in the batch."""

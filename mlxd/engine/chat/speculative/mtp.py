@@ -44,6 +44,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from mlxd.engine.chat.speculative.mtp_head import MtpHead
+from mlxd.engine.chat.speculative.verify import survivors
 
 
 @dataclass
@@ -218,18 +219,12 @@ class MtpDrafter:
         hidden, self._hidden = self._hidden, None
         if hidden is None or not batch.uids:
             return
-        at = {uid: r for r, uid in enumerate(uids)}
-        assert batch._next_tokens is not None
-        pending = cast("list[int]", batch._next_tokens.tolist())
-        for j, uid in enumerate(batch.uids):
-            r = at.get(uid)
-            if r is None:
-                continue
+        for j, r, pending in survivors(batch, uids):
             took = accepted[r]
-            row = self._rows.setdefault(uid, _Row())
+            row = self._rows.setdefault(uids[r], _Row())
             row.start = len(batch.tokens[j]) - took
             row.hiddens = [hidden[r, i] for i in range(took + 1)]
-            row.tokens = [*drafts[r][:took], pending[j]]
+            row.tokens = [*drafts[r][:took], pending]
 
     @property
     def nbytes(self) -> int:

@@ -64,6 +64,14 @@ def pending_tokens(batch: GenerationBatch) -> list[int]:
     return cast("list[int]", tokens.tolist())
 
 
+def survivors(batch: GenerationBatch, uids: list[int]) -> list[tuple[int, int, int]]:
+    """After a verify step over rows ``uids``: ``(j, r, pending)`` for each row ``j`` of
+    ``batch`` that was row ``r`` of the step, with its new pending token."""
+    at = {uid: r for r, uid in enumerate(uids)}
+    pending = pending_tokens(batch)
+    return [(j, at[uid], pending[j]) for j, uid in enumerate(batch.uids) if uid in at]
+
+
 def verify(
     batch: GenerationBatch,
     pending: list[int],
