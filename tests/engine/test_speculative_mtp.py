@@ -72,6 +72,22 @@ def waves(model_dir, mode: str, **extra: str):
     return [o.tokens for o in [*four, *solo]], counters, weights
 
 
+def assert_same_output_and_drafted(off_run, on_run, echo: bool) -> None:
+    """``waves`` off and on: the same greedy output, drafts verified, an echo drafter's
+    accepted (>= 80%, several tokens a step), and the drafter's weights counted in the
+    model's (also for test_speculative_assistant.py)."""
+    (off, off_counters, off_weights), (on, counters, weights) = off_run, on_run
+    assert on == off
+    assert all(len(t) == MAX_TOKENS for t in off)
+    assert off_counters["spec_drafted_tokens"] == 0
+    drafted, accepted = counters["spec_drafted_tokens"], counters["spec_accepted_tokens"]
+    assert drafted > 0 and counters["spec_verify_steps"] > 0
+    if echo:  # the drafter predicts the target: drafts accepted, several tokens a step
+        assert accepted >= 0.8 * drafted, (accepted, drafted)
+        assert counters["spec_verify_steps"] < sum(len(t) for t in on) / 2
+    assert weights > off_weights
+
+
 @pytest.mark.parametrize(
     ("family", "echo"),
     # glm4_moe's echo variant runs in tests/http/test_speculative_mtp.py.
@@ -89,18 +105,8 @@ def waves(model_dir, mode: str, **extra: str):
 )
 def test_greedy_output_with_the_mtp_head_equals_speculation_off(family, echo):
     model_dir = tiny_mtp_dir(family, echo=echo)
-    off, off_counters, off_weights = waves(model_dir, "off")
-    on, counters, weights = waves(model_dir, "mtp")
-    assert on == off
-    assert all(len(t) == MAX_TOKENS for t in off)
-    assert off_counters["spec_drafted_tokens"] == 0
-    drafted, accepted = counters["spec_drafted_tokens"], counters["spec_accepted_tokens"]
-    assert drafted > 0 and counters["spec_verify_steps"] > 0
-    if echo:  # the head predicts the target: drafts are accepted, several tokens a step
-        assert accepted >= 0.8 * drafted, (accepted, drafted)
-        assert counters["spec_verify_steps"] < sum(len(t) for t in on) / 2
     # The head's weights count in the model's: one decoder layer and three small tensors.
-    assert weights > off_weights
+    assert_same_output_and_drafted(waves(model_dir, "off"), waves(model_dir, "mtp"), echo)
 
 
 def _loaded(model_dir):
